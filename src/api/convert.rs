@@ -1,0 +1,558 @@
+//! The one place that converts between protobuf and domain types.
+//!
+//! Requests are parsed, not just validated: each `parse_*` returns a domain
+//! value or every field violation it found, so a bad request changes nothing.
+
+use std::{collections::BTreeSet, time::Duration, time::SystemTime};
+
+use prost_types::Timestamp;
+use uuid::Uuid;
+
+use crate::pb;
+use crate::scheduler::{
+    AgentFilter, AgentId, AgentStatus, AgentView, AwaitMode, Error, Event, EventKind,
+    FieldViolation, ModelRef, SpawnSpec, SteerDelivery,
+};
+
+/// Most ids one Status, Await or WatchAgents request may name.
+pub const MAX_IDS: usize = 100;
+/// Longest `lead_id` / `idempotency_key`, in bytes.
+pub const MAX_KEY_BYTES: usize = crate::scheduler::core::MAX_KEY_BYTES;
+/// Await timeout when none is given.
+pub const DEFAULT_AWAIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest Await timeout.
+pub const MAX_AWAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest Spawn run timeout (7 days).
+pub const MAX_RUN_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Status page size when none is given.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest Status page size.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+/// Collects field violations while parsing one request.
+#[derive(Default)]
+struct Violations(Vec<FieldViolation>);
+
+impl Violations {
+    fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
+        self.0.push(FieldViolation::new(field, description));
+    }
+
+    fn finish<T>(self, value: T) -> Result<T, Error> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(Error::Invalid(self.0))
+        }
+    }
+
+    fn id(&mut self, field: &str, raw: &str) -> Option<AgentId> {
+        match Uuid::parse_str(raw) {
+            Ok(id) => Some(id),
+            Err(_) => {
+                self.add(
+                    field,
+                    format!("\"{}\" is not an agent id (a UUID)", truncate(raw)),
+                );
+                None
+            }
+        }
+    }
+
+    fn optional_id(&mut self, field: &str, raw: &str) -> Option<AgentId> {
+        if raw.is_empty() {
+            None
+        } else {
+            self.id(field, raw)
+        }
+    }
+
+    fn key(&mut self, field: &str, raw: &str) -> Option<String> {
+        if raw.len() > MAX_KEY_BYTES {
+            self.add(
+                field,
+                format!(
+                    "is {} bytes; at most {MAX_KEY_BYTES} bytes allowed",
+                    raw.len()
+                ),
+            );
+            None
+        } else if raw.is_empty() {
+            None
+        } else {
+            Some(raw.to_owned())
+        }
+    }
+
+    fn ids(&mut self, field: &str, raw: &[String], required: bool) -> Vec<AgentId> {
+        if required && raw.is_empty() {
+            self.add(field, "at least one id is required");
+        }
+        if raw.len() > MAX_IDS {
+            self.add(
+                field,
+                format!("{} ids given; at most {MAX_IDS} allowed", raw.len()),
+            );
+            return Vec::new();
+        }
+        raw.iter()
+            .enumerate()
+            .filter_map(|(i, s)| self.id(&format!("{field}[{i}]"), s))
+            .collect()
+    }
+
+    /// A non-negative duration no longer than `max`.
+    fn duration(
+        &mut self,
+        field: &str,
+        d: &prost_types::Duration,
+        max: Duration,
+    ) -> Option<Duration> {
+        if d.seconds < 0 || d.nanos < 0 {
+            self.add(field, "must not be negative");
+            return None;
+        }
+        if d.nanos >= 1_000_000_000 {
+            self.add(field, "nanos must be below 1 000 000 000");
+            return None;
+        }
+        let value = Duration::new(d.seconds as u64, d.nanos as u32);
+        if value > max {
+            self.add(
+                field,
+                format!(
+                    "{} is too long; at most {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(max)
+                ),
+            );
+            return None;
+        }
+        Some(value)
+    }
+}
+
+fn truncate(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// Parses a SpawnRequest.
+pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
+    let mut v = Violations::default();
+    if req.agent.is_empty() {
+        v.add("agent", "is required: name a configured agent type");
+    }
+    if req.model.is_empty() {
+        v.add("model", "is required, as \"provider/model\"");
+    } else if ModelRef::parse(&req.model).is_none() {
+        v.add(
+            "model",
+            format!(
+                "\"{}\" is not of the form \"provider/model\"",
+                truncate(&req.model)
+            ),
+        );
+    }
+    if req.prompt.is_empty() {
+        v.add("prompt", "must not be empty");
+    }
+    let parent_id = v.optional_id("parent_id", &req.parent_id);
+    let lead_id = v.key("lead_id", &req.lead_id);
+    let idempotency_key = v.key("idempotency_key", &req.idempotency_key);
+    let timeout = match &req.timeout {
+        Some(d) => match v.duration("timeout", d, MAX_RUN_TIMEOUT) {
+            Some(t) if t.is_zero() => {
+                v.add("timeout", "must be positive when set");
+                None
+            }
+            t => t,
+        },
+        None => None,
+    };
+    v.finish(SpawnSpec {
+        agent: req.agent,
+        model: req.model,
+        prompt: req.prompt,
+        description: req.description,
+        parent_id,
+        lead_id,
+        background: req.background,
+        labels: req.labels.into_iter().collect(),
+        timeout,
+        idempotency_key,
+        detached: req.detached,
+    })
+}
+
+/// What a StatusRequest asks for.
+#[derive(Debug)]
+pub enum StatusQuery {
+    /// These agents, in this order.
+    Ids(Vec<AgentId>),
+    /// A page of a filtered listing.
+    List {
+        /// The filter.
+        filter: AgentFilter,
+        /// Admission sequence to continue after.
+        after: u64,
+        /// Page size.
+        limit: usize,
+    },
+}
+
+/// Parses a StatusRequest.
+pub fn parse_status(req: pb::StatusRequest) -> Result<StatusQuery, Error> {
+    let mut v = Violations::default();
+    let ids = v.ids("ids", &req.ids, false);
+    let parent_id = v.optional_id("parent_id", &req.parent_id);
+    let root_id = v.optional_id("root_id", &req.root_id);
+    let lead_id = v.key("lead_id", &req.lead_id);
+    let statuses = req
+        .statuses
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match pb::AgentStatus::try_from(*s) {
+            Ok(s) if s != pb::AgentStatus::Unspecified => Some(status_from_pb(s)),
+            _ => {
+                v.add(
+                    format!("statuses[{i}]"),
+                    format!("{s} is not a valid AgentStatus"),
+                );
+                None
+            }
+        })
+        .collect::<Vec<_>>();
+    let limit = match req.page_size as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n if n > MAX_PAGE_SIZE => {
+            v.add("page_size", format!("at most {MAX_PAGE_SIZE}"));
+            0
+        }
+        n => n,
+    };
+    let after = if req.page_token.is_empty() {
+        0
+    } else {
+        req.page_token.parse::<u64>().unwrap_or_else(|_| {
+            v.add("page_token", "is not a token returned by Status");
+            0
+        })
+    };
+    if !req.ids.is_empty() {
+        let filtered = parent_id.is_some()
+            || root_id.is_some()
+            || lead_id.is_some()
+            || !statuses.is_empty()
+            || !req.page_token.is_empty();
+        if filtered {
+            v.add("ids", "cannot be combined with filters or a page token");
+        }
+        return v.finish(StatusQuery::Ids(ids));
+    }
+    v.finish(StatusQuery::List {
+        filter: AgentFilter {
+            ids: Vec::new(),
+            parent_id,
+            root_id,
+            lead_id,
+            statuses,
+        },
+        after,
+        limit,
+    })
+}
+
+/// A parsed AwaitRequest.
+#[derive(Debug)]
+pub struct AwaitQuery {
+    /// Agents to wait for, in request order.
+    pub ids: Vec<AgentId>,
+    /// How long to wait.
+    pub timeout: Duration,
+    /// ALL or ANY.
+    pub mode: AwaitMode,
+}
+
+/// Parses an AwaitRequest.
+pub fn parse_await(req: pb::AwaitRequest) -> Result<AwaitQuery, Error> {
+    let mut v = Violations::default();
+    let ids = v.ids("ids", &req.ids, true);
+    let timeout = match &req.timeout {
+        Some(d) => v
+            .duration("timeout", d, MAX_AWAIT_TIMEOUT)
+            .unwrap_or_default(),
+        None => DEFAULT_AWAIT_TIMEOUT,
+    };
+    let mode = match pb::AwaitMode::try_from(req.mode) {
+        Ok(pb::AwaitMode::Unspecified | pb::AwaitMode::All) => AwaitMode::All,
+        Ok(pb::AwaitMode::Any) => AwaitMode::Any,
+        Err(_) => {
+            v.add("mode", format!("{} is not a valid AwaitMode", req.mode));
+            AwaitMode::All
+        }
+    };
+    v.finish(AwaitQuery { ids, timeout, mode })
+}
+
+/// What a CancelRequest targets.
+#[derive(Debug)]
+pub enum CancelTarget {
+    /// One agent and its descendants.
+    Agent(AgentId),
+    /// Every live agent under a lead.
+    Lead(String),
+}
+
+/// Parses a CancelRequest into its target and reason.
+pub fn parse_cancel(req: pb::CancelRequest) -> Result<(CancelTarget, String), Error> {
+    let mut v = Violations::default();
+    let target = match (req.id.is_empty(), req.lead_id.is_empty()) {
+        (false, false) => {
+            v.add("id", "set exactly one of id and lead_id, not both");
+            v.add("lead_id", "set exactly one of id and lead_id, not both");
+            None
+        }
+        (true, true) => {
+            v.add("id", "set exactly one of id and lead_id");
+            None
+        }
+        (false, true) => v.id("id", &req.id).map(CancelTarget::Agent),
+        (true, false) => v.key("lead_id", &req.lead_id).map(CancelTarget::Lead),
+    };
+    v.finish(())?;
+    Ok((target.expect("target set when no violation"), req.reason))
+}
+
+/// Parses a SteerRequest.
+pub fn parse_steer(req: pb::SteerRequest) -> Result<(AgentId, String), Error> {
+    let mut v = Violations::default();
+    let id = v.id("id", &req.id);
+    if req.message.is_empty() {
+        v.add("message", "must not be empty");
+    }
+    v.finish(())?;
+    Ok((id.expect("id set when no violation"), req.message))
+}
+
+/// A parsed WatchAgentsRequest.
+#[derive(Debug)]
+pub struct WatchQuery {
+    /// Which agents.
+    pub filter: AgentFilter,
+    /// Replay after this sequence (0 = none).
+    pub after_sequence: u64,
+    /// Start with a snapshot.
+    pub include_snapshot: bool,
+}
+
+/// Parses a WatchAgentsRequest.
+pub fn parse_watch(req: pb::WatchAgentsRequest) -> Result<WatchQuery, Error> {
+    let mut v = Violations::default();
+    let ids = v.ids("ids", &req.ids, false);
+    let parent_id = v.optional_id("parent_id", &req.parent_id);
+    let root_id = v.optional_id("root_id", &req.root_id);
+    let lead_id = v.key("lead_id", &req.lead_id);
+    v.finish(WatchQuery {
+        filter: AgentFilter {
+            ids: ids
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            parent_id,
+            root_id,
+            lead_id,
+            statuses: Vec::new(),
+        },
+        after_sequence: req.after_sequence,
+        include_snapshot: req.include_snapshot,
+    })
+}
+
+fn status_from_pb(s: pb::AgentStatus) -> AgentStatus {
+    match s {
+        pb::AgentStatus::Queued | pb::AgentStatus::Unspecified => AgentStatus::Queued,
+        pb::AgentStatus::Running => AgentStatus::Running,
+        pb::AgentStatus::AwaitingApproval => AgentStatus::AwaitingApproval,
+        pb::AgentStatus::Done => AgentStatus::Done,
+        pb::AgentStatus::Failed => AgentStatus::Failed,
+        pb::AgentStatus::Cancelled => AgentStatus::Cancelled,
+    }
+}
+
+/// Domain status → protobuf enum.
+pub fn status_to_pb(s: AgentStatus) -> pb::AgentStatus {
+    match s {
+        AgentStatus::Queued => pb::AgentStatus::Queued,
+        AgentStatus::Running => pb::AgentStatus::Running,
+        AgentStatus::AwaitingApproval => pb::AgentStatus::AwaitingApproval,
+        AgentStatus::Done => pb::AgentStatus::Done,
+        AgentStatus::Failed => pb::AgentStatus::Failed,
+        AgentStatus::Cancelled => pb::AgentStatus::Cancelled,
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    Timestamp::from(t)
+}
+
+/// An agent as the API shows it; `now` fixes `elapsed_ms` for running agents.
+pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
+    pb::Agent {
+        id: a.id.to_string(),
+        agent: a.agent.to_string(),
+        model: a.model.to_string(),
+        description: a.description.to_string(),
+        parent_id: a.parent_id.map(|p| p.to_string()).unwrap_or_default(),
+        root_id: a.root_id.to_string(),
+        lead_id: a.lead_id.as_deref().unwrap_or_default().to_owned(),
+        depth: a.depth,
+        status: status_to_pb(a.status) as i32,
+        created_at: Some(timestamp(a.created_at)),
+        started_at: a.started_at.map(timestamp),
+        finished_at: a.finished_at.map(timestamp),
+        elapsed_ms: u64::try_from(a.elapsed(now).as_millis()).unwrap_or(u64::MAX),
+        result: a.result.to_string(),
+        error: a.error.as_ref().map(|e| pb::AgentError {
+            code: e.code.to_string(),
+            message: e.message.to_string(),
+        }),
+        approval: a.approval.as_ref().map(|ap| pb::Approval {
+            id: ap.id.to_string(),
+            tool_name: ap.tool_name.to_string(),
+        }),
+        usage: Some(pb::Usage {
+            input_tokens: a.usage.input_tokens,
+            output_tokens: a.usage.output_tokens,
+            tool_calls: a.usage.tool_calls,
+        }),
+        labels: a
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        background: a.background,
+        detached: a.detached,
+        queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
+        bucket: a.bucket.to_string(),
+    }
+}
+
+/// Agents as the API shows them, all with the same `now`.
+pub fn agents_to_pb(agents: &[AgentView]) -> Vec<pb::Agent> {
+    let now = SystemTime::now();
+    agents.iter().map(|a| agent_to_pb(a, now)).collect()
+}
+
+/// An event as WatchAgents sends it.
+pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
+    let kind = match e.kind {
+        EventKind::Snapshot => pb::AgentEventKind::Snapshot,
+        EventKind::Queued => pb::AgentEventKind::Queued,
+        EventKind::Started => pb::AgentEventKind::Started,
+        EventKind::Steered => pb::AgentEventKind::Steered,
+        EventKind::AwaitingApproval => pb::AgentEventKind::AwaitingApproval,
+        EventKind::Done => pb::AgentEventKind::Done,
+        EventKind::Failed => pb::AgentEventKind::Failed,
+        EventKind::Cancelled => pb::AgentEventKind::Cancelled,
+    };
+    pb::WatchAgentsResponse {
+        sequence: e.sequence,
+        kind: kind as i32,
+        agent: Some(agent_to_pb(&e.agent, SystemTime::now())),
+    }
+}
+
+/// Steer delivery → protobuf enum.
+pub fn delivery_to_pb(d: SteerDelivery) -> pb::SteerDelivery {
+    match d {
+        SteerDelivery::Delivered => pb::SteerDelivery::Delivered,
+        SteerDelivery::Buffered => pb::SteerDelivery::Buffered,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(err: Error) -> Vec<String> {
+        match err {
+            Error::Invalid(v) => v.into_iter().map(|v| v.field).collect(),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn spawn_collects_every_violation() {
+        let err = parse_spawn(pb::SpawnRequest {
+            model: "no-slash".into(),
+            parent_id: "nope".into(),
+            lead_id: "x".repeat(257),
+            timeout: Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            fields(err),
+            vec![
+                "agent",
+                "model",
+                "prompt",
+                "parent_id",
+                "lead_id",
+                "timeout"
+            ]
+        );
+    }
+
+    #[test]
+    fn await_defaults_and_bounds() {
+        let q = parse_await(pb::AwaitRequest {
+            ids: vec![Uuid::new_v4().to_string()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(q.timeout, DEFAULT_AWAIT_TIMEOUT);
+        assert_eq!(q.mode, AwaitMode::All);
+        let err = parse_await(pb::AwaitRequest {
+            ids: vec![],
+            timeout: Some(prost_types::Duration {
+                seconds: 3601,
+                nanos: 0,
+            }),
+            mode: 0,
+        })
+        .unwrap_err();
+        assert_eq!(fields(err), vec!["ids", "timeout"]);
+        let many: Vec<String> = (0..101).map(|_| Uuid::new_v4().to_string()).collect();
+        let err = parse_await(pb::AwaitRequest {
+            ids: many,
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(fields(err), vec!["ids"]);
+    }
+
+    #[test]
+    fn cancel_wants_exactly_one_target() {
+        assert_eq!(
+            fields(parse_cancel(pb::CancelRequest::default()).unwrap_err()),
+            vec!["id"]
+        );
+        let both = pb::CancelRequest {
+            id: Uuid::new_v4().to_string(),
+            lead_id: "lead".into(),
+            reason: String::new(),
+        };
+        assert_eq!(
+            fields(parse_cancel(both).unwrap_err()),
+            vec!["id", "lead_id"]
+        );
+    }
+}

@@ -1,0 +1,6 @@
+//! The gRPC edge: request parsing and response building ([`convert`]), the
+//! error mapping ([`status`]) and the service itself ([`service`]).
+
+pub mod convert;
+pub mod service;
+pub mod status;

@@ -1,0 +1,189 @@
+//! `subagents.v1.AgentService`: thin handlers that parse, delegate to the
+//! scheduler and convert back.
+
+use std::{pin::Pin, sync::Arc, time::SystemTime};
+
+use futures_util::Stream;
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::{convert, status::watch_lagged};
+use crate::pb::{self, agent_service_server::AgentService};
+use crate::scheduler::{AgentFilter, Event, Scheduler};
+
+/// The gRPC service over a [`Scheduler`].
+#[derive(Debug, Clone)]
+pub struct AgentServiceImpl {
+    scheduler: Scheduler,
+    /// Cancelled at shutdown so watch streams end cleanly.
+    shutdown: CancellationToken,
+}
+
+impl AgentServiceImpl {
+    /// A service over `scheduler`; watch streams end when `shutdown` fires.
+    pub fn new(scheduler: Scheduler, shutdown: CancellationToken) -> Self {
+        Self {
+            scheduler,
+            shutdown,
+        }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchAgentsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentServiceImpl {
+    async fn spawn(
+        &self,
+        request: Request<pb::SpawnRequest>,
+    ) -> Result<Response<pb::SpawnResponse>, Status> {
+        let spec = convert::parse_spawn(request.into_inner())?;
+        let agent = if spec.background {
+            self.scheduler.spawn(spec)?
+        } else {
+            self.scheduler.spawn_foreground(spec).await?
+        };
+        Ok(Response::new(pb::SpawnResponse {
+            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
+        }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let response = match convert::parse_status(request.into_inner())? {
+            convert::StatusQuery::Ids(ids) => pb::StatusResponse {
+                agents: convert::agents_to_pb(&self.scheduler.status(&ids, "ids")?),
+                next_page_token: String::new(),
+            },
+            convert::StatusQuery::List {
+                filter,
+                after,
+                limit,
+            } => {
+                let page = self.scheduler.list(&filter, after, limit);
+                pb::StatusResponse {
+                    agents: convert::agents_to_pb(&page.agents),
+                    next_page_token: page.next_after.map(|s| s.to_string()).unwrap_or_default(),
+                }
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn r#await(
+        &self,
+        request: Request<pb::AwaitRequest>,
+    ) -> Result<Response<pb::AwaitResponse>, Status> {
+        let q = convert::parse_await(request.into_inner())?;
+        let (agents, timed_out) = self
+            .scheduler
+            .await_agents(&q.ids, Some(q.timeout), q.mode)
+            .await?;
+        Ok(Response::new(pb::AwaitResponse {
+            agents: convert::agents_to_pb(&agents),
+            timed_out,
+        }))
+    }
+
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let (target, reason) = convert::parse_cancel(request.into_inner())?;
+        let cancelled = match target {
+            convert::CancelTarget::Agent(id) => self.scheduler.cancel(id, &reason)?,
+            convert::CancelTarget::Lead(lead) => self.scheduler.cancel_lead(&lead, &reason),
+        };
+        Ok(Response::new(pb::CancelResponse {
+            agents: convert::agents_to_pb(&cancelled),
+        }))
+    }
+
+    async fn steer(
+        &self,
+        request: Request<pb::SteerRequest>,
+    ) -> Result<Response<pb::SteerResponse>, Status> {
+        let (id, message) = convert::parse_steer(request.into_inner())?;
+        let (agent, delivery) = self.scheduler.steer(id, message)?;
+        Ok(Response::new(pb::SteerResponse {
+            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
+            delivery: convert::delivery_to_pb(delivery) as i32,
+        }))
+    }
+
+    type WatchAgentsStream = WatchStream;
+
+    async fn watch_agents(
+        &self,
+        request: Request<pb::WatchAgentsRequest>,
+    ) -> Result<Response<Self::WatchAgentsStream>, Status> {
+        let q = convert::parse_watch(request.into_inner())?;
+        let sub = self
+            .scheduler
+            .subscribe(&q.filter, q.after_sequence, q.include_snapshot);
+        let position = sub
+            .initial
+            .last()
+            .map_or(sub.position, |e| e.sequence.max(sub.position));
+        let state = WatchState {
+            initial: sub.initial.into_iter(),
+            live: sub.live,
+            filter: q.filter,
+            resume_after: position,
+            shutdown: self.shutdown.clone(),
+            done: false,
+        };
+        Ok(Response::new(Box::pin(futures_util::stream::unfold(
+            state,
+            WatchState::next,
+        ))))
+    }
+}
+
+/// One subscriber's position: initial events first, then live ones that
+/// pass its filter.
+struct WatchState {
+    initial: std::vec::IntoIter<Arc<Event>>,
+    live: broadcast::Receiver<Arc<Event>>,
+    filter: AgentFilter,
+    /// Sequence a client should resume after if cut off now.
+    resume_after: u64,
+    shutdown: CancellationToken,
+    done: bool,
+}
+
+impl WatchState {
+    async fn next(mut self) -> Option<(Result<pb::WatchAgentsResponse, Status>, Self)> {
+        if self.done {
+            return None;
+        }
+        if let Some(event) = self.initial.next() {
+            return Some((Ok(convert::event_to_pb(&event)), self));
+        }
+        loop {
+            let received = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return None,
+                r = self.live.recv() => r,
+            };
+            match received {
+                Ok(event) => {
+                    if !self.filter.matches(&event.agent) {
+                        continue;
+                    }
+                    self.resume_after = event.sequence;
+                    return Some((Ok(convert::event_to_pb(&event)), self));
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    self.done = true;
+                    let status = watch_lagged(missed, self.resume_after);
+                    return Some((Err(status), self));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The one place domain errors become gRPC statuses.
+//!
+//! Every status carries a `google.rpc.ErrorInfo` in domain [`DOMAIN`] whose
+//! reason is one of the `REASON_*` constants, so clients branch on the
+//! reason, never on message text.
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::scheduler::Error;
+
+/// ErrorInfo domain of every error.
+pub const DOMAIN: &str = "subagentd";
+/// A request field is malformed (with BadRequest field violations).
+pub const REASON_INVALID_REQUEST: &str = "INVALID_REQUEST";
+/// The agent type is not configured.
+pub const REASON_UNKNOWN_AGENT_TYPE: &str = "UNKNOWN_AGENT_TYPE";
+/// No such agent.
+pub const REASON_AGENT_NOT_FOUND: &str = "AGENT_NOT_FOUND";
+/// The agent already ended.
+pub const REASON_AGENT_FINISHED: &str = "AGENT_FINISHED";
+/// `max_background_agents` reached.
+pub const REASON_GLOBAL_LIMIT_REACHED: &str = "GLOBAL_LIMIT_REACHED";
+/// `max_depth` reached.
+pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
+/// `max_live_descendants_per_root` reached.
+pub const REASON_DESCENDANT_LIMIT_REACHED: &str = "DESCENDANT_LIMIT_REACHED";
+/// The server is shutting down.
+pub const REASON_SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+/// A WatchAgents subscriber fell behind its buffer.
+pub const REASON_WATCH_LAGGED: &str = "WATCH_LAGGED";
+
+fn info(details: &mut ErrorDetails, reason: &str, metadata: &[(&str, String)]) {
+    let metadata: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    details.set_error_info(reason, DOMAIN, metadata);
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Self {
+        let message = err.to_string();
+        let mut d = ErrorDetails::new();
+        let code = match &err {
+            Error::Invalid(violations) => {
+                info(&mut d, REASON_INVALID_REQUEST, &[]);
+                for v in violations {
+                    d.add_bad_request_violation(v.field.clone(), v.description.clone());
+                }
+                Code::InvalidArgument
+            }
+            Error::UnknownAgentType { name, known } => {
+                info(
+                    &mut d,
+                    REASON_UNKNOWN_AGENT_TYPE,
+                    &[("agent", name.clone()), ("known", known.join(","))],
+                );
+                d.add_bad_request_violation(
+                    "agent",
+                    format!("unknown agent type; known: {}", known.join(", ")),
+                );
+                Code::InvalidArgument
+            }
+            Error::NotFound { field, id } => {
+                info(
+                    &mut d,
+                    REASON_AGENT_NOT_FOUND,
+                    &[("id", id.clone()), ("field", (*field).to_owned())],
+                );
+                d.set_resource_info("agent", id.clone(), "", "no agent with this id is retained");
+                Code::NotFound
+            }
+            Error::AgentFinished { field, id, status } => {
+                info(
+                    &mut d,
+                    REASON_AGENT_FINISHED,
+                    &[
+                        ("id", id.clone()),
+                        ("field", (*field).to_owned()),
+                        (
+                            "status",
+                            crate::api::convert::status_to_pb(*status)
+                                .as_str_name()
+                                .to_owned(),
+                        ),
+                    ],
+                );
+                d.add_precondition_failure_violation(
+                    "AGENT_FINISHED",
+                    id.clone(),
+                    "the agent has already ended",
+                );
+                Code::FailedPrecondition
+            }
+            Error::GlobalLimit { limit, live } => {
+                info(
+                    &mut d,
+                    REASON_GLOBAL_LIMIT_REACHED,
+                    &[
+                        ("limit", limit.to_string()),
+                        ("live", live.to_string()),
+                        ("config_key", "limits.max_background_agents".to_owned()),
+                    ],
+                );
+                d.add_quota_failure_violation(
+                    "limits.max_background_agents",
+                    format!("{live} of {limit} live background agents"),
+                );
+                Code::ResourceExhausted
+            }
+            Error::DepthLimit { limit, depth } => {
+                info(
+                    &mut d,
+                    REASON_DEPTH_LIMIT_REACHED,
+                    &[
+                        ("limit", limit.to_string()),
+                        ("depth", depth.to_string()),
+                        ("config_key", "limits.max_depth".to_owned()),
+                    ],
+                );
+                d.add_precondition_failure_violation(
+                    "DEPTH_LIMIT_REACHED",
+                    "limits.max_depth",
+                    format!("depth {depth} exceeds max_depth {limit}"),
+                );
+                Code::FailedPrecondition
+            }
+            Error::DescendantLimit {
+                limit,
+                live,
+                root_id,
+            } => {
+                info(
+                    &mut d,
+                    REASON_DESCENDANT_LIMIT_REACHED,
+                    &[
+                        ("limit", limit.to_string()),
+                        ("live", live.to_string()),
+                        ("root_id", root_id.to_string()),
+                        (
+                            "config_key",
+                            "limits.max_live_descendants_per_root".to_owned(),
+                        ),
+                    ],
+                );
+                d.add_quota_failure_violation(
+                    format!("tree {root_id}"),
+                    format!("{live} of {limit} live agents in the tree"),
+                );
+                Code::ResourceExhausted
+            }
+            Error::ShuttingDown => {
+                info(&mut d, REASON_SHUTTING_DOWN, &[]);
+                Code::Unavailable
+            }
+        };
+        Status::with_error_details(code, message, d)
+    }
+}
+
+/// The status that ends a WatchAgents stream whose subscriber fell behind.
+pub fn watch_lagged(missed: u64, resume_after: u64) -> Status {
+    let mut d = ErrorDetails::new();
+    info(
+        &mut d,
+        REASON_WATCH_LAGGED,
+        &[
+            ("missed_events", missed.to_string()),
+            ("resume_after_sequence", resume_after.to_string()),
+        ],
+    );
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        format!(
+            "watch subscriber fell behind by {missed} events and was cut off; \
+             resubscribe with after_sequence={resume_after} to resume"
+        ),
+        d,
+    )
+}

@@ -1,0 +1,1083 @@
+//! The client subcommands: each turns its flags into one request, calls the
+//! server at `--addr` and prints the response (see [`super::output`]).
+//!
+//! Building a request is pure (`to_request`) so flag handling is tested
+//! without a server; [`run`] does the I/O.
+
+use std::collections::HashMap;
+use std::io::{self, IsTerminal as _, Read as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tonic::transport::{Channel, Endpoint};
+
+use super::{output, Command};
+use crate::pb;
+use crate::pb::agent_service_client::AgentServiceClient;
+
+/// Server address used when neither `--addr` nor `SUBAGENTD_ADDR` is set.
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+
+/// Exit status of `await` when the timeout passed before the condition held.
+pub const EXIT_AWAIT_TIMED_OUT: u8 = 2;
+
+/// How long to wait for the TCP/HTTP2 connection before reporting the server
+/// unreachable; without it a black-holed address hangs for minutes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest response accepted. tonic's default of 4 MiB is too small for a
+/// `status` page of up to 1000 agents that each carry their result.
+const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Flags shared by every client subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Server address, e.g. http://127.0.0.1:50051; "host:port" without a
+    /// scheme means http.
+    #[arg(long, env = "SUBAGENTD_ADDR", default_value = DEFAULT_ADDR, value_name = "URL")]
+    pub addr: String,
+    /// Machine-readable output: one JSON object per line (protobuf JSON field
+    /// names, enums as names, RFC 3339 timestamps).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `spawn` (SpawnRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpawnArgs {
+    /// Agent type: a configured `[agents.NAME]`.
+    #[arg(long)]
+    pub agent: String,
+    /// Model as "provider/model", e.g. anthropic/claude-sonnet-4.
+    #[arg(long)]
+    pub model: String,
+    /// Instructions for the run. Without --prompt or --prompt-file the prompt
+    /// is read from stdin.
+    #[arg(long, conflicts_with = "prompt_file")]
+    pub prompt: Option<String>,
+    /// Read the instructions from this file.
+    #[arg(long, value_name = "PATH")]
+    pub prompt_file: Option<PathBuf>,
+    /// Free text for people.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Parent agent id, for a child agent.
+    #[arg(long)]
+    pub parent_id: Option<String>,
+    /// The frontend's own run id (root agents only; children inherit it).
+    #[arg(long)]
+    pub lead_id: Option<String>,
+    /// Queue if needed and return at once instead of waiting until the agent
+    /// is settled.
+    #[arg(long)]
+    pub background: bool,
+    /// Label as KEY=VALUE; repeatable. A repeated key keeps the last value.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Run deadline from the start of the run, e.g. 30s or 10m. Default: the
+    /// server's `[runs] default_timeout`.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<prost_types::Duration>,
+    /// Deduplicates retries: a second spawn with the same key under the same
+    /// parent (or lead) returns the first agent.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Do not cancel the agent when its parent ends.
+    #[arg(long)]
+    pub detached: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// Where `spawn` takes its prompt from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PromptSource {
+    Inline(String),
+    File(PathBuf),
+    Stdin,
+}
+
+impl SpawnArgs {
+    fn prompt_source(&self) -> PromptSource {
+        match (&self.prompt, &self.prompt_file) {
+            (Some(text), _) => PromptSource::Inline(text.clone()),
+            (None, Some(path)) => PromptSource::File(path.clone()),
+            (None, None) => PromptSource::Stdin,
+        }
+    }
+
+    /// The SpawnRequest for these flags and an already resolved prompt.
+    pub fn to_request(&self, prompt: String) -> pb::SpawnRequest {
+        pb::SpawnRequest {
+            agent: self.agent.clone(),
+            model: self.model.clone(),
+            prompt,
+            description: self.description.clone().unwrap_or_default(),
+            parent_id: self.parent_id.clone().unwrap_or_default(),
+            lead_id: self.lead_id.clone().unwrap_or_default(),
+            background: self.background,
+            labels: self.labels.iter().cloned().collect::<HashMap<_, _>>(),
+            timeout: self.timeout,
+            idempotency_key: self.idempotency_key.clone().unwrap_or_default(),
+            detached: self.detached,
+        }
+    }
+}
+
+/// A `--status` filter value; the names are the AgentStatus names in
+/// kebab case.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFilter {
+    /// AGENT_STATUS_RUNNING
+    Running,
+    /// AGENT_STATUS_QUEUED
+    Queued,
+    /// AGENT_STATUS_AWAITING_APPROVAL
+    AwaitingApproval,
+    /// AGENT_STATUS_DONE
+    Done,
+    /// AGENT_STATUS_FAILED
+    Failed,
+    /// AGENT_STATUS_CANCELLED
+    Cancelled,
+}
+
+impl From<StatusFilter> for pb::AgentStatus {
+    fn from(filter: StatusFilter) -> Self {
+        match filter {
+            StatusFilter::Running => pb::AgentStatus::Running,
+            StatusFilter::Queued => pb::AgentStatus::Queued,
+            StatusFilter::AwaitingApproval => pb::AgentStatus::AwaitingApproval,
+            StatusFilter::Done => pb::AgentStatus::Done,
+            StatusFilter::Failed => pb::AgentStatus::Failed,
+            StatusFilter::Cancelled => pb::AgentStatus::Cancelled,
+        }
+    }
+}
+
+/// Flags of `status` (StatusRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// Agent ids to read (at most 100), in this order. Not combinable with
+    /// the filters.
+    pub ids: Vec<String>,
+    /// Only direct children of this agent.
+    #[arg(long)]
+    pub parent_id: Option<String>,
+    /// Only agents of this tree.
+    #[arg(long)]
+    pub root_id: Option<String>,
+    /// Only agents under this lead, at every depth.
+    #[arg(long)]
+    pub lead_id: Option<String>,
+    /// Only agents in one of these states; repeatable or comma-separated.
+    #[arg(
+        long = "status",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "STATUS"
+    )]
+    pub statuses: Vec<StatusFilter>,
+    /// Page size for filtered listings. Default (server): 100, at most 1000.
+    #[arg(long)]
+    pub page_size: Option<u32>,
+    /// Token from a previous page (printed after a page that has more).
+    #[arg(long)]
+    pub page_token: Option<String>,
+    /// Follow next-page tokens until the last page.
+    #[arg(long)]
+    pub all_pages: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl StatusArgs {
+    /// The StatusRequest for the first page these flags ask for.
+    pub fn to_request(&self) -> pb::StatusRequest {
+        pb::StatusRequest {
+            ids: self.ids.clone(),
+            parent_id: self.parent_id.clone().unwrap_or_default(),
+            root_id: self.root_id.clone().unwrap_or_default(),
+            lead_id: self.lead_id.clone().unwrap_or_default(),
+            statuses: self
+                .statuses
+                .iter()
+                .map(|s| pb::AgentStatus::from(*s) as i32)
+                .collect(),
+            page_size: self.page_size.unwrap_or_default(),
+            page_token: self.page_token.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Flags of `await` (AwaitRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct AwaitArgs {
+    /// Agents to wait for (1 to 100).
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+    /// How long to wait, e.g. 30s. Default (server): 30s, at most 1h.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<prost_types::Duration>,
+    /// Return once any agent is settled instead of all.
+    #[arg(long)]
+    pub any: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl AwaitArgs {
+    /// The AwaitRequest for these flags.
+    pub fn to_request(&self) -> pb::AwaitRequest {
+        let mode = if self.any {
+            pb::AwaitMode::Any
+        } else {
+            pb::AwaitMode::All
+        };
+        pb::AwaitRequest {
+            ids: self.ids.clone(),
+            timeout: self.timeout,
+            mode: mode as i32,
+        }
+    }
+}
+
+/// Flags of `cancel` (CancelRequest). Exactly one of `--id` and `--lead-id`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["id", "lead_id"])))]
+pub struct CancelArgs {
+    /// Cancel this agent and its live descendants.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Cancel every live agent under this lead.
+    #[arg(long)]
+    pub lead_id: Option<String>,
+    /// Recorded as the cancellation's error message.
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl CancelArgs {
+    /// The CancelRequest for these flags.
+    pub fn to_request(&self) -> pb::CancelRequest {
+        pb::CancelRequest {
+            id: self.id.clone().unwrap_or_default(),
+            lead_id: self.lead_id.clone().unwrap_or_default(),
+            reason: self.reason.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Arguments of `steer` (SteerRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SteerArgs {
+    /// The agent to steer.
+    pub id: String,
+    /// The message for its run.
+    pub message: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl SteerArgs {
+    /// The SteerRequest for these arguments.
+    pub fn to_request(&self) -> pb::SteerRequest {
+        pb::SteerRequest {
+            id: self.id.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// Flags of `watch` (WatchAgentsRequest). Filters combine with AND; none
+/// means all agents.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WatchArgs {
+    /// Only this agent; repeatable (at most 100).
+    #[arg(long = "id", value_name = "ID")]
+    pub ids: Vec<String>,
+    /// Only direct children of this agent.
+    #[arg(long)]
+    pub parent_id: Option<String>,
+    /// Only agents of this tree.
+    #[arg(long)]
+    pub root_id: Option<String>,
+    /// Only agents under this lead.
+    #[arg(long)]
+    pub lead_id: Option<String>,
+    /// First replay retained events after this sequence number (0: no
+    /// replay). Use the last sequence seen to resume without gaps.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub after_sequence: u64,
+    /// Start with one SNAPSHOT event per matching agent.
+    #[arg(long)]
+    pub snapshot: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl WatchArgs {
+    /// The WatchAgentsRequest for these flags.
+    pub fn to_request(&self) -> pb::WatchAgentsRequest {
+        pb::WatchAgentsRequest {
+            ids: self.ids.clone(),
+            parent_id: self.parent_id.clone().unwrap_or_default(),
+            root_id: self.root_id.clone().unwrap_or_default(),
+            lead_id: self.lead_id.clone().unwrap_or_default(),
+            after_sequence: self.after_sequence,
+            include_snapshot: self.snapshot,
+        }
+    }
+}
+
+/// Parses `KEY=VALUE`; the value may be empty or contain `=`, the key may not
+/// be empty.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        Some(_) => Err(format!("label {s:?} has an empty key")),
+        None => Err(format!("label {s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Parses a humantime duration ("500ms", "10s", "30m") into the protobuf type.
+fn parse_duration(s: &str) -> Result<prost_types::Duration, String> {
+    let duration = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    prost_types::Duration::try_from(duration).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Adds `http://` when the address has no scheme, so `127.0.0.1:50051` works
+/// as well as the full URL that tonic requires.
+pub fn normalize_addr(addr: &str) -> String {
+    let addr = addr.trim();
+    if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+/// Why a client subcommand failed; printed as `error: <this>` with exit
+/// status 1.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("invalid --addr {addr:?}: {reason}")]
+    InvalidAddr { addr: String, reason: String },
+    #[error("cannot connect to subagentd at {addr}: {}", error_chain(.source))]
+    Connect {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("{}", output::status_error(.0))]
+    Rpc(tonic::Status),
+    /// A watch stream that broke after some events: says where to resume.
+    #[error("{}\nhint: resume with --after-sequence {last_sequence}", output::status_error(.status))]
+    WatchBroken {
+        status: tonic::Status,
+        last_sequence: u64,
+    },
+    #[error("{0}")]
+    Prompt(String),
+    #[error("status: the server returned next page token {0:?} twice; stopping")]
+    PageLoop(String),
+    #[error("writing output: {0}")]
+    Output(#[from] io::Error),
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(status: tonic::Status) -> Self {
+        CliError::Rpc(status)
+    }
+}
+
+/// `error` and its sources joined with ": ", because tonic's transport error
+/// alone only says "transport error".
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Some layers repeat their source's message; print it once.
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs a client subcommand against the server and returns the exit status:
+/// 0 on success, 1 after printing `error: …` to stderr for a gRPC error, an
+/// unreachable server or unusable input, and [`EXIT_AWAIT_TIMED_OUT`] when
+/// `await` timed out.
+///
+/// # Errors
+///
+/// Only for [`Command::Serve`], which is not a client command: `main` must run
+/// the server itself. Every other failure is reported and turned into exit
+/// status 1 here, so that the message format is the same for all of them.
+pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+    let result = match cmd {
+        Command::Serve(_) => {
+            anyhow::bail!("`serve` runs the server and is not a client command")
+        }
+        Command::Spawn(args) => spawn(args).await,
+        Command::Status(args) => status(args).await,
+        Command::Await(args) => await_agents(args).await,
+        Command::Cancel(args) => cancel(args).await,
+        Command::Steer(args) => steer(args).await,
+        Command::Watch(args) => watch(args).await,
+    };
+    match result {
+        Ok(code) => Ok(code),
+        // The reader went away (`| head`): what it wanted has been written.
+        Err(CliError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(error) => {
+            // Nothing better to do if stderr itself is gone.
+            let _ = writeln!(io::stderr().lock(), "error: {error}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn connect(args: &ClientArgs) -> Result<AgentServiceClient<Channel>, CliError> {
+    let url = normalize_addr(&args.addr);
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| CliError::InvalidAddr {
+            addr: args.addr.clone(),
+            reason: error_chain(&e),
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| CliError::Connect { addr: url, source })?;
+    Ok(AgentServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
+}
+
+/// Writes output for one invocation: JSON lines or text. Takes the stdout
+/// lock per write, so no lock is held across an `.await`.
+struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    fn new(args: &ClientArgs) -> Self {
+        Self { json: args.json }
+    }
+
+    fn agent(&self, agent: &pb::Agent, with_result: bool) -> io::Result<()> {
+        if self.json {
+            self.json_line(&output::agent_json(agent))
+        } else {
+            self.text(&output::agent_human(agent, with_result))
+        }
+    }
+
+    fn json_line(&self, value: &Value) -> io::Result<()> {
+        let mut out = io::stdout().lock();
+        serde_json::to_writer(&mut out, value)?;
+        out.write_all(b"\n")?;
+        out.flush()
+    }
+
+    fn text(&self, text: &str) -> io::Result<()> {
+        let mut out = io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        out.flush()
+    }
+
+    /// A status line for people; suppressed with `--json`, whose stdout
+    /// carries only the documented objects.
+    fn note(&self, text: &str) -> io::Result<()> {
+        if self.json {
+            Ok(())
+        } else {
+            self.text(&format!("{text}\n"))
+        }
+    }
+}
+
+async fn read_prompt(source: PromptSource) -> Result<String, CliError> {
+    let (prompt, origin) = match source {
+        PromptSource::Inline(text) => (text, "--prompt".to_owned()),
+        PromptSource::File(path) => {
+            let origin = path.display().to_string();
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                CliError::Prompt(format!("cannot read --prompt-file {origin}: {e}"))
+            })?;
+            (text, origin)
+        }
+        PromptSource::Stdin => {
+            if io::stdin().is_terminal() {
+                let _ = writeln!(
+                    io::stderr(),
+                    "reading the prompt from stdin; end it with Ctrl-D (or pass --prompt)"
+                );
+            }
+            // Reading stdin blocks; keep it off the runtime's workers.
+            let text = tokio::task::spawn_blocking(|| {
+                let mut text = String::new();
+                io::stdin().read_to_string(&mut text).map(|_| text)
+            })
+            .await
+            .map_err(|e| CliError::Prompt(format!("reading the prompt from stdin: {e}")))?
+            .map_err(|e| CliError::Prompt(format!("reading the prompt from stdin: {e}")))?;
+            (text, "stdin".to_owned())
+        }
+    };
+    if prompt.is_empty() {
+        return Err(CliError::Prompt(format!(
+            "the prompt from {origin} is empty; pass --prompt TEXT, --prompt-file PATH or pipe it on stdin"
+        )));
+    }
+    Ok(prompt)
+}
+
+async fn spawn(args: SpawnArgs) -> Result<ExitCode, CliError> {
+    // Read the prompt first so a missing prompt is reported without a
+    // connection attempt.
+    let prompt = read_prompt(args.prompt_source()).await?;
+    let mut client = connect(&args.client).await?;
+    let response = client.spawn(args.to_request(prompt)).await?.into_inner();
+    let printer = Printer::new(&args.client);
+    if let Some(agent) = &response.agent {
+        printer.agent(agent, true)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let mut request = args.to_request();
+    let mut printed = 0usize;
+    loop {
+        let response = client.status(request.clone()).await?.into_inner();
+        for agent in &response.agents {
+            printer.agent(agent, true)?;
+        }
+        printed += response.agents.len();
+        let next = response.next_page_token;
+        if next.is_empty() {
+            break;
+        }
+        if !args.all_pages {
+            if printer.json {
+                printer.json_line(&json!({ "nextPageToken": next }))?;
+            } else {
+                printer.note(&format!("more agents: --page-token {next}"))?;
+            }
+            break;
+        }
+        // A server bug must not turn --all-pages into an endless loop.
+        if next == request.page_token {
+            return Err(CliError::PageLoop(next));
+        }
+        request.page_token = next;
+    }
+    if printed == 0 {
+        printer.note("no agents")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn await_agents(args: AwaitArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let response = client.r#await(args.to_request()).await?.into_inner();
+    for agent in &response.agents {
+        printer.agent(agent, true)?;
+    }
+    if printer.json {
+        printer.json_line(&json!({ "timedOut": response.timed_out }))?;
+    }
+    if !response.timed_out {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !printer.json {
+        let settled = response
+            .agents
+            .iter()
+            .filter(|a| output::is_settled(a.status))
+            .count();
+        let _ = writeln!(
+            io::stderr(),
+            "timed out: {settled} of {} agents settled",
+            response.agents.len()
+        );
+    }
+    Ok(ExitCode::from(EXIT_AWAIT_TIMED_OUT))
+}
+
+async fn cancel(args: CancelArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let response = client.cancel(args.to_request()).await?.into_inner();
+    match response.agents.len() {
+        0 => printer.note("no live agents to cancel")?,
+        1 => printer.note("cancelled 1 agent")?,
+        n => printer.note(&format!("cancelled {n} agents"))?,
+    }
+    for agent in &response.agents {
+        printer.agent(agent, false)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn steer(args: SteerArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let response = client.steer(args.to_request()).await?.into_inner();
+    if printer.json {
+        printer.json_line(&output::steer_json(&response))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let delivery = match pb::SteerDelivery::try_from(response.delivery) {
+        Ok(pb::SteerDelivery::Delivered) => "delivered to the running run".to_owned(),
+        Ok(pb::SteerDelivery::Buffered) => "buffered until the run (re)starts".to_owned(),
+        _ => format!("delivery {}", response.delivery),
+    };
+    printer.note(&format!("steer message {delivery}"))?;
+    if let Some(agent) = &response.agent {
+        printer.agent(agent, false)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn watch(args: WatchArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let mut stream = client.watch_agents(args.to_request()).await?.into_inner();
+    // If the handler cannot be installed, Ctrl-C keeps its default effect
+    // (ending the process), which is what the user asked for anyway.
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(ctrl_c);
+    let mut last_sequence = args.after_sequence;
+    loop {
+        tokio::select! {
+            () = &mut ctrl_c => return Ok(ExitCode::SUCCESS),
+            message = stream.message() => match message {
+                Ok(Some(event)) => {
+                    last_sequence = last_sequence.max(event.sequence);
+                    if printer.json {
+                        printer.json_line(&output::event_json(&event))?;
+                    } else {
+                        printer.text(&output::event_human(&event))?;
+                    }
+                }
+                Ok(None) => return Ok(ExitCode::SUCCESS),
+                Err(status) if last_sequence > 0 => {
+                    return Err(CliError::WatchBroken { status, last_sequence });
+                }
+                Err(status) => return Err(CliError::Rpc(status)),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::Cli;
+
+    fn parse(args: &[&str]) -> Command {
+        let argv = std::iter::once("subagentd").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .command
+    }
+
+    fn parse_err(args: &[&str]) -> clap::error::ErrorKind {
+        let argv = std::iter::once("subagentd").chain(args.iter().copied());
+        Cli::try_parse_from(argv).unwrap_err().kind()
+    }
+
+    #[test]
+    fn spawn_flags_fill_the_request() {
+        let Command::Spawn(args) = parse(&[
+            "spawn",
+            "--agent",
+            "coder",
+            "--model",
+            "anthropic/claude-sonnet-4",
+            "--prompt",
+            "fix it",
+            "--description",
+            "d",
+            "--parent-id",
+            "p",
+            "--lead-id",
+            "l",
+            "--background",
+            "--label",
+            "team=infra",
+            "--label",
+            "expr=a=b",
+            "--label",
+            "team=core",
+            "--timeout",
+            "1m 500ms",
+            "--idempotency-key",
+            "k",
+            "--detached",
+        ]) else {
+            panic!("expected spawn");
+        };
+        assert_eq!(args.prompt_source(), PromptSource::Inline("fix it".into()));
+        let request = args.to_request("fix it".into());
+        assert_eq!(
+            request,
+            pb::SpawnRequest {
+                agent: "coder".into(),
+                model: "anthropic/claude-sonnet-4".into(),
+                prompt: "fix it".into(),
+                description: "d".into(),
+                parent_id: "p".into(),
+                lead_id: "l".into(),
+                background: true,
+                labels: HashMap::from([
+                    ("team".into(), "core".into()),
+                    ("expr".into(), "a=b".into()),
+                ]),
+                timeout: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 500_000_000,
+                }),
+                idempotency_key: "k".into(),
+                detached: true,
+            }
+        );
+    }
+
+    #[test]
+    fn spawn_defaults_leave_optional_fields_empty() {
+        let Command::Spawn(args) = parse(&["spawn", "--agent", "a", "--model", "p/m"]) else {
+            panic!("expected spawn");
+        };
+        assert_eq!(args.prompt_source(), PromptSource::Stdin);
+        assert_eq!(args.client.addr, DEFAULT_ADDR);
+        assert!(!args.client.json);
+        let request = args.to_request("x".into());
+        assert_eq!(request.timeout, None);
+        assert!(request.labels.is_empty());
+        assert!(!request.background && !request.detached);
+        assert!(request.parent_id.is_empty() && request.idempotency_key.is_empty());
+    }
+
+    #[test]
+    fn spawn_reads_the_prompt_file() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(b"from a file\n").unwrap();
+        let path = file.path().to_str().unwrap();
+        let Command::Spawn(args) = parse(&[
+            "spawn",
+            "--agent",
+            "a",
+            "--model",
+            "p/m",
+            "--prompt-file",
+            path,
+            "--json",
+        ]) else {
+            panic!("expected spawn");
+        };
+        assert!(args.client.json);
+        let prompt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(read_prompt(args.prompt_source()))
+            .unwrap();
+        assert_eq!(prompt, "from a file\n");
+    }
+
+    #[test]
+    fn spawn_rejects_an_empty_prompt() {
+        let err = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(read_prompt(PromptSource::Inline(String::new())))
+            .unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn spawn_rejects_conflicting_prompts_and_bad_values() {
+        use clap::error::ErrorKind;
+        let base = ["spawn", "--agent", "a", "--model", "p/m"];
+        let with = |extra: &[&'static str]| -> Vec<&'static str> {
+            base.iter().chain(extra).copied().collect()
+        };
+        assert_eq!(
+            parse_err(&with(&["--prompt", "x", "--prompt-file", "f"])),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            parse_err(&with(&["--label", "novalue"])),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse_err(&with(&["--label", "=v"])),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse_err(&with(&["--timeout", "soon"])),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            parse_err(&["spawn", "--model", "p/m"]),
+            ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn status_flags_fill_the_request() {
+        let Command::Status(args) = parse(&[
+            "status",
+            "--parent-id",
+            "p",
+            "--root-id",
+            "r",
+            "--lead-id",
+            "l",
+            "--status",
+            "running,awaiting-approval",
+            "--status",
+            "cancelled",
+            "--page-size",
+            "50",
+            "--page-token",
+            "t",
+            "--all-pages",
+        ]) else {
+            panic!("expected status");
+        };
+        assert!(args.all_pages);
+        assert_eq!(
+            args.to_request(),
+            pb::StatusRequest {
+                ids: vec![],
+                parent_id: "p".into(),
+                root_id: "r".into(),
+                lead_id: "l".into(),
+                statuses: vec![
+                    pb::AgentStatus::Running as i32,
+                    pb::AgentStatus::AwaitingApproval as i32,
+                    pb::AgentStatus::Cancelled as i32,
+                ],
+                page_size: 50,
+                page_token: "t".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn status_takes_ids_and_rejects_unknown_statuses() {
+        let Command::Status(args) = parse(&["status", "a", "b"]) else {
+            panic!("expected status");
+        };
+        let request = args.to_request();
+        assert_eq!(request.ids, ["a", "b"]);
+        assert!(request.statuses.is_empty());
+        assert_eq!(request.page_size, 0);
+        assert_eq!(
+            parse_err(&["status", "--status", "sleeping"]),
+            clap::error::ErrorKind::InvalidValue
+        );
+    }
+
+    #[test]
+    fn every_status_filter_maps_to_its_agent_status() {
+        use clap::ValueEnum as _;
+        for filter in StatusFilter::value_variants() {
+            let name = filter.to_possible_value().unwrap().get_name().to_owned();
+            let status = pb::AgentStatus::from(*filter);
+            assert_eq!(
+                status.as_str_name(),
+                format!("AGENT_STATUS_{}", name.replace('-', "_").to_uppercase())
+            );
+            // The human output uses the same words as the filter.
+            assert_eq!(output::status_word(status as i32), name);
+        }
+    }
+
+    #[test]
+    fn await_flags_fill_the_request() {
+        let Command::Await(args) = parse(&["await", "a", "b", "--timeout", "500ms", "--any"])
+        else {
+            panic!("expected await");
+        };
+        assert_eq!(
+            args.to_request(),
+            pb::AwaitRequest {
+                ids: vec!["a".into(), "b".into()],
+                timeout: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 500_000_000,
+                }),
+                mode: pb::AwaitMode::Any as i32,
+            }
+        );
+        let Command::Await(args) = parse(&["await", "a"]) else {
+            panic!("expected await");
+        };
+        let request = args.to_request();
+        assert_eq!(request.mode, pb::AwaitMode::All as i32);
+        assert_eq!(request.timeout, None);
+        assert_eq!(
+            parse_err(&["await"]),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn cancel_needs_exactly_one_target() {
+        let Command::Cancel(args) = parse(&["cancel", "--lead-id", "l", "--reason", "done"]) else {
+            panic!("expected cancel");
+        };
+        assert_eq!(
+            args.to_request(),
+            pb::CancelRequest {
+                id: String::new(),
+                lead_id: "l".into(),
+                reason: "done".into(),
+            }
+        );
+        let Command::Cancel(args) = parse(&["cancel", "--id", "x"]) else {
+            panic!("expected cancel");
+        };
+        assert_eq!(args.to_request().id, "x");
+        assert_eq!(
+            parse_err(&["cancel"]),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            parse_err(&["cancel", "--id", "x", "--lead-id", "l"]),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+    }
+
+    #[test]
+    fn steer_takes_id_and_message() {
+        let Command::Steer(args) = parse(&["steer", "x", "look at tests too"]) else {
+            panic!("expected steer");
+        };
+        assert_eq!(
+            args.to_request(),
+            pb::SteerRequest {
+                id: "x".into(),
+                message: "look at tests too".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn watch_flags_fill_the_request() {
+        let Command::Watch(args) = parse(&[
+            "watch",
+            "--id",
+            "a",
+            "--id",
+            "b",
+            "--parent-id",
+            "p",
+            "--root-id",
+            "r",
+            "--lead-id",
+            "l",
+            "--after-sequence",
+            "42",
+            "--snapshot",
+            "--addr",
+            "10.0.0.1:9",
+        ]) else {
+            panic!("expected watch");
+        };
+        assert_eq!(args.client.addr, "10.0.0.1:9");
+        assert_eq!(
+            args.to_request(),
+            pb::WatchAgentsRequest {
+                ids: vec!["a".into(), "b".into()],
+                parent_id: "p".into(),
+                root_id: "r".into(),
+                lead_id: "l".into(),
+                after_sequence: 42,
+                include_snapshot: true,
+            }
+        );
+    }
+
+    #[test]
+    fn normalize_addr_adds_http_only_when_there_is_no_scheme() {
+        assert_eq!(normalize_addr("127.0.0.1:50051"), "http://127.0.0.1:50051");
+        assert_eq!(normalize_addr("localhost:1"), "http://localhost:1");
+        assert_eq!(normalize_addr("[::1]:50051"), "http://[::1]:50051");
+        assert_eq!(normalize_addr(" http://h:1 "), "http://h:1");
+        assert_eq!(normalize_addr("https://h:443"), "https://h:443");
+        assert_eq!(normalize_addr(DEFAULT_ADDR), DEFAULT_ADDR);
+    }
+
+    #[test]
+    fn normalized_addresses_are_valid_endpoints() {
+        for addr in ["127.0.0.1:50051", "localhost:1", "[::1]:50051"] {
+            Endpoint::from_shared(normalize_addr(addr)).unwrap();
+        }
+    }
+
+    #[test]
+    fn parse_duration_accepts_humantime_units() {
+        assert_eq!(
+            parse_duration("30m").unwrap(),
+            prost_types::Duration {
+                seconds: 1800,
+                nanos: 0,
+            }
+        );
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn serve_is_not_a_client_command() {
+        let result = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(run(Command::Serve(crate::cli::ServeArgs::default())));
+        assert!(result.is_err());
+    }
+
+    #[test]
+    fn connect_error_names_the_address_and_the_cause() {
+        // Port 1 on loopback is closed on any sane machine, so this fails
+        // fast without starting a server.
+        let args = ClientArgs {
+            addr: "127.0.0.1:1".into(),
+            json: false,
+        };
+        let err = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(connect(&args))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("cannot connect to subagentd at http://127.0.0.1:1: "),
+            "{text}"
+        );
+        assert!(
+            text.len() > "cannot connect to subagentd at http://127.0.0.1:1: transport error".len(),
+            "{text}"
+        );
+    }
+}

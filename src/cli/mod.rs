@@ -1,0 +1,135 @@
+//! The `subagentd` command line: `serve` runs the server, every other
+//! subcommand is a thin gRPC client of a running server (see [`client`]).
+//!
+//! Parsing lives here and in [`client`] so that `main` only has to parse
+//! [`Cli`] and dispatch: `serve` to the server, anything else to
+//! [`client::run`].
+
+pub mod client;
+mod output;
+
+use std::path::PathBuf;
+
+/// Exit status documented in `--help`; kept next to the parser so the text
+/// and the codes in [`client`] are read together.
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  success
+  1  the server returned an error, or it could not be reached
+  2  `await` timed out before its condition held (clap also uses 2 for
+     invalid command lines)";
+
+/// Command line of the `subagentd` binary.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "subagentd",
+    version,
+    about = "Schedules, runs and supervises sub-agents over gRPC.",
+    long_about = "Schedules, runs and supervises sub-agents over gRPC.\n\n\
+                  `subagentd serve` runs the server; the other subcommands are clients \
+                  of a running server at --addr (env SUBAGENTD_ADDR).",
+    after_help = EXIT_STATUS_HELP
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A `subagentd` subcommand. Every variant but [`Command::Serve`] is a client
+/// call handled by [`client::run`].
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Create an agent (Spawn). Prints the agent: at once for --background,
+    /// once it is settled otherwise.
+    ///
+    /// The exit status is 0 whenever the server accepted the spawn, also if
+    /// the agent then failed: read its status from the output.
+    Spawn(client::SpawnArgs),
+    /// List agents by id or by filter (Status).
+    ///
+    /// When more pages exist and --all-pages is not given, the token for the
+    /// next page is printed last (with --json as `{"nextPageToken": "…"}`).
+    Status(client::StatusArgs),
+    /// Wait until agents are settled: terminal or awaiting approval (Await).
+    /// Exits with status 2 if the timeout passed first.
+    ///
+    /// Prints the agents as they are now; with --json they are followed by
+    /// `{"timedOut": true|false}`.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Await(client::AwaitArgs),
+    /// Cancel an agent, or every live agent under a lead, with all live
+    /// descendants (Cancel). Prints the agents that were cancelled.
+    Cancel(client::CancelArgs),
+    /// Send a message to an agent's run (Steer): delivered now if it is
+    /// running, buffered in order otherwise.
+    ///
+    /// With --json prints `{"delivery": "STEER_DELIVERY_…", "agent": {…}}`.
+    Steer(client::SteerArgs),
+    /// Stream lifecycle events (WatchAgents) until the server ends the stream
+    /// or Ctrl-C.
+    ///
+    /// Both end with status 0. With --json prints one
+    /// `{"sequence": N, "kind": "AGENT_EVENT_KIND_…", "agent": {…}}` per
+    /// event. If the stream breaks, the error says which --after-sequence
+    /// resumes it without gaps.
+    Watch(client::WatchArgs),
+}
+
+/// Flags of `subagentd serve`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// Config file (TOML). Without it the built-in defaults are used.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, overriding `[server] listen`.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Print the effective config (TOML) and exit.
+    #[arg(long)]
+    pub dump_config: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "subagentd",
+            "serve",
+            "--config",
+            "/etc/subagentd.toml",
+            "--listen",
+            "0.0.0.0:1",
+            "--dump-config",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("expected serve, got {:?}", cli.command);
+        };
+        assert_eq!(args.config, Some(PathBuf::from("/etc/subagentd.toml")));
+        assert_eq!(args.listen.as_deref(), Some("0.0.0.0:1"));
+        assert!(args.dump_config);
+    }
+
+    #[test]
+    fn await_help_documents_the_timeout_exit_status() {
+        let mut cmd = Cli::command();
+        let help = cmd
+            .find_subcommand_mut("await")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("2  `await` timed out"), "{help}");
+    }
+}

@@ -1,0 +1,453 @@
+//! Layered configuration: built-in defaults → TOML file → `SUBAGENTD_*`
+//! environment → command-line flags, then [`Config::validate`].
+//!
+//! Durations are strings with a unit (`"500ms"`, `"10s"`, `"30m"`, `"1h"`).
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use figment::{
+    providers::{Env, Format, Serialized, Toml},
+    Figment,
+};
+use serde::{Deserialize, Serialize};
+
+/// Default `[server] listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default `[limits] max_background_agents`.
+pub const DEFAULT_MAX_BACKGROUND_AGENTS: u32 = 5;
+/// Default `[limits] default_concurrency`.
+pub const DEFAULT_CONCURRENCY: u32 = 5;
+/// Default `[limits] max_concurrent_per_parent`.
+pub const DEFAULT_MAX_CONCURRENT_PER_PARENT: u32 = 3;
+/// Default `[limits] max_depth`.
+pub const DEFAULT_MAX_DEPTH: u32 = 3;
+/// Default `[limits] max_prompt_bytes` (1 MiB).
+pub const DEFAULT_MAX_PROMPT_BYTES: usize = 1 << 20;
+/// Default `[runs] default_timeout`.
+pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Default `[runs] finished_retention`.
+pub const DEFAULT_FINISHED_RETENTION: Duration = Duration::from_secs(10 * 60);
+/// Default `[watch] history`: events kept for `after_sequence` replay.
+pub const DEFAULT_WATCH_HISTORY: usize = 16_384;
+/// Default `[watch] subscriber_buffer`: events a subscriber may fall behind
+/// before it is cut off.
+pub const DEFAULT_WATCH_SUBSCRIBER_BUFFER: usize = 4_096;
+/// Name of the agent type configured when the config names none.
+pub const DEFAULT_AGENT_TYPE: &str = "simulated";
+
+/// Environment variable prefix; `__` separates a section from its key.
+pub const ENV_PREFIX: &str = "SUBAGENTD_";
+/// Top-level sections that the environment may set. Other `SUBAGENTD_*`
+/// variables (such as the CLI's `SUBAGENTD_ADDR`) are not config.
+const SECTIONS: &[&str] = &["server", "limits", "runs", "watch", "agents"];
+
+/// The whole effective configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[server]`.
+    pub server: ServerConfig,
+    /// `[limits]`: admission limits; reloadable with SIGHUP.
+    pub limits: Limits,
+    /// `[runs]`: run deadlines and retention; reloadable.
+    pub runs: RunsConfig,
+    /// `[watch]`: WatchAgents buffers. Read at start only.
+    pub watch: WatchConfig,
+    /// `[agents.NAME]`: agent types. Without any, one type `simulated`.
+    pub agents: BTreeMap<String, AgentTypeConfig>,
+}
+
+/// `[server]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address the gRPC server binds (default `127.0.0.1:50051`). Read at start only.
+    pub listen: String,
+}
+
+/// `[limits]` section: every admission limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Live background agents (queued + running + awaiting approval) across
+    /// the server; beyond it Spawn is rejected. Default 5, minimum 1.
+    pub max_background_agents: u32,
+    /// Running agents per bucket when neither the model nor its provider has
+    /// an entry. Default 5; 0 = unlimited.
+    pub default_concurrency: u32,
+    /// Running agents per provider, shared by all its models; 0 = unlimited.
+    pub provider_concurrency: BTreeMap<String, u32>,
+    /// Running agents per "provider/model"; overrides the provider entry;
+    /// 0 = unlimited.
+    pub model_concurrency: BTreeMap<String, u32>,
+    /// Running background children of one parent (agent or lead). Default 3;
+    /// 0 = unlimited.
+    pub max_concurrent_per_parent: u32,
+    /// Deepest allowed agent (roots are depth 1). Default 3.
+    pub max_depth: u32,
+    /// Live agents in one tree, the root included. Default 0 = unlimited.
+    pub max_live_descendants_per_root: u32,
+    /// Largest accepted prompt in bytes. Default 1 MiB.
+    pub max_prompt_bytes: usize,
+}
+
+/// `[runs]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunsConfig {
+    /// Run deadline when a Spawn sets no `timeout`. Default 30 min.
+    #[serde(with = "humantime_serde")]
+    pub default_timeout: Duration,
+    /// How long finished agents stay readable. Default 10 min.
+    #[serde(with = "humantime_serde")]
+    pub finished_retention: Duration,
+}
+
+/// `[watch]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchConfig {
+    /// Events retained for `after_sequence` replay. Default 16384.
+    pub history: usize,
+    /// Events one subscriber may fall behind before it is cut off. Default 4096.
+    pub subscriber_buffer: usize,
+}
+
+/// How runs of an agent type execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunnerKind {
+    /// The built-in scripted runner (see README "The simulated runner").
+    Simulated,
+}
+
+/// `[agents.NAME]` section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTypeConfig {
+    /// Which runner executes this type.
+    pub runner: RunnerKind,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.to_owned(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_background_agents: DEFAULT_MAX_BACKGROUND_AGENTS,
+            default_concurrency: DEFAULT_CONCURRENCY,
+            provider_concurrency: BTreeMap::new(),
+            model_concurrency: BTreeMap::new(),
+            max_concurrent_per_parent: DEFAULT_MAX_CONCURRENT_PER_PARENT,
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_live_descendants_per_root: 0,
+            max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
+        }
+    }
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout: DEFAULT_RUN_TIMEOUT,
+            finished_retention: DEFAULT_FINISHED_RETENTION,
+        }
+    }
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            history: DEFAULT_WATCH_HISTORY,
+            subscriber_buffer: DEFAULT_WATCH_SUBSCRIBER_BUFFER,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            limits: Limits::default(),
+            runs: RunsConfig::default(),
+            watch: WatchConfig::default(),
+            agents: default_agents(),
+        }
+    }
+}
+
+fn default_agents() -> BTreeMap<String, AgentTypeConfig> {
+    BTreeMap::from([(
+        DEFAULT_AGENT_TYPE.to_owned(),
+        AgentTypeConfig {
+            runner: RunnerKind::Simulated,
+        },
+    )])
+}
+
+/// A config that could not be loaded or broke a rule. The message names the
+/// key and the rule.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file, the environment or a value could not be parsed.
+    #[error("{0}")]
+    Load(String),
+    /// A value broke a rule.
+    #[error("invalid config: `{key}` {rule}")]
+    Invalid {
+        /// Dotted key, e.g. `limits.max_background_agents`.
+        key: String,
+        /// The rule, e.g. "must be ≥ 1 (got 0)".
+        rule: String,
+    },
+}
+
+/// Where a config comes from; kept so SIGHUP can load it again the same way.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    /// TOML file, if any.
+    pub file: Option<PathBuf>,
+    /// `--listen` flag, overriding everything else.
+    pub listen: Option<String>,
+}
+
+impl ConfigSource {
+    /// Loads and validates: defaults → file → environment → flags.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        self.load_with_env(Env::prefixed(ENV_PREFIX))
+    }
+
+    fn load_with_env(&self, env: Env) -> Result<Config, ConfigError> {
+        let defaults = Config {
+            agents: BTreeMap::new(),
+            ..Config::default()
+        };
+        let mut figment = Figment::from(Serialized::defaults(defaults));
+        if let Some(file) = &self.file {
+            if !file.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        let env = env
+            .filter(|key| {
+                SECTIONS.iter().any(|section| {
+                    key.as_str()
+                        .to_ascii_lowercase()
+                        .starts_with(&format!("{section}__"))
+                })
+            })
+            .split("__");
+        figment = figment.merge(env);
+        if let Some(listen) = &self.listen {
+            figment = figment.merge(Serialized::default("server.listen", listen));
+        }
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(format!("invalid config: {e}")))?;
+        if config.agents.is_empty() {
+            config.agents = default_agents();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads a config from TOML text alone (no environment); for tests and tools.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let mut config: Config = Figment::from(Serialized::defaults(Config {
+            agents: BTreeMap::new(),
+            ..Config::default()
+        }))
+        .merge(Toml::string(text))
+        .extract()
+        .map_err(|e| ConfigError::Load(format!("invalid config: {e}")))?;
+        if config.agents.is_empty() {
+            config.agents = default_agents();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn invalid(key: impl Into<String>, rule: impl fmt::Display) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        rule: rule.to_string(),
+    }
+}
+
+impl Config {
+    /// Checks every rule; the error names the first broken key and its rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.server
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
+        let l = &self.limits;
+        if l.max_background_agents < 1 {
+            return Err(invalid(
+                "limits.max_background_agents",
+                format!("must be ≥ 1 (got {})", l.max_background_agents),
+            ));
+        }
+        if l.max_depth < 1 {
+            return Err(invalid(
+                "limits.max_depth",
+                format!("must be ≥ 1 (got {})", l.max_depth),
+            ));
+        }
+        if l.max_prompt_bytes < 1 {
+            return Err(invalid("limits.max_prompt_bytes", "must be ≥ 1 (got 0)"));
+        }
+        for provider in l.provider_concurrency.keys() {
+            if provider.is_empty() || provider.contains('/') {
+                return Err(invalid(
+                    format!("limits.provider_concurrency.{provider}"),
+                    "must name a provider (no '/')",
+                ));
+            }
+        }
+        for model in l.model_concurrency.keys() {
+            if crate::scheduler::ModelRef::parse(model).is_none() {
+                return Err(invalid(
+                    format!("limits.model_concurrency.\"{model}\""),
+                    "must name a model as \"provider/model\"",
+                ));
+            }
+        }
+        if self.runs.default_timeout.is_zero() {
+            return Err(invalid("runs.default_timeout", "must be > 0"));
+        }
+        if self.watch.history < 1 {
+            return Err(invalid("watch.history", "must be ≥ 1"));
+        }
+        if self.watch.subscriber_buffer < 1 {
+            return Err(invalid("watch.subscriber_buffer", "must be ≥ 1"));
+        }
+        for name in self.agents.keys() {
+            if name.is_empty() {
+                return Err(invalid("agents", "agent type names must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config as TOML, as `--dump-config` prints it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    /// The listen address; valid after [`Config::validate`].
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.server.listen.parse().unwrap_or_else(|_| {
+            DEFAULT_LISTEN
+                .parse()
+                .expect("default listen address parses")
+        })
+    }
+}
+
+/// Reads a config file path for error messages.
+pub fn describe(path: Option<&Path>) -> String {
+    path.map_or_else(
+        || "built-in defaults".to_owned(),
+        |p| p.display().to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let c = ConfigSource::from_toml_str("").unwrap();
+        assert_eq!(c.server.listen, "127.0.0.1:50051");
+        assert_eq!(c.limits.max_background_agents, 5);
+        assert_eq!(c.limits.default_concurrency, 5);
+        assert_eq!(c.limits.max_concurrent_per_parent, 3);
+        assert_eq!(c.limits.max_depth, 3);
+        assert_eq!(c.limits.max_live_descendants_per_root, 0);
+        assert_eq!(c.limits.max_prompt_bytes, 1 << 20);
+        assert_eq!(c.runs.default_timeout, Duration::from_secs(1800));
+        assert_eq!(c.runs.finished_retention, Duration::from_secs(600));
+        assert_eq!(c.agents.keys().collect::<Vec<_>>(), vec!["simulated"]);
+    }
+
+    #[test]
+    fn durations_take_units() {
+        let c = ConfigSource::from_toml_str(
+            "[runs]\ndefault_timeout = \"500ms\"\nfinished_retention = \"1h\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.runs.default_timeout, Duration::from_millis(500));
+        assert_eq!(c.runs.finished_retention, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn invalid_value_names_key_and_rule() {
+        let err = ConfigSource::from_toml_str("[limits]\nmax_background_agents = 0\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("max_background_agents"), "{msg}");
+        assert!(msg.contains("≥ 1"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = ConfigSource::from_toml_str("[limits]\nmax_bg = 3\n").unwrap_err();
+        assert!(err.to_string().contains("max_bg"), "{err}");
+    }
+
+    #[test]
+    fn configured_agents_replace_the_default_type() {
+        let c = ConfigSource::from_toml_str("[agents.coder]\nrunner = \"simulated\"\n").unwrap();
+        assert_eq!(c.agents.keys().collect::<Vec<_>>(), vec!["coder"]);
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn environment_overrides_file_and_flags_override_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[limits]\nmax_background_agents = 7\n[server]\nlisten = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SUBAGENTD_LIMITS__MAX_BACKGROUND_AGENTS", "10");
+            jail.set_env("SUBAGENTD_ADDR", "http://ignored");
+            let source = ConfigSource {
+                file: Some(path.clone()),
+                listen: Some("127.0.0.1:2".into()),
+            };
+            let c = source.load().map_err(|e| e.to_string())?;
+            assert_eq!(c.limits.max_background_agents, 10);
+            assert_eq!(c.server.listen, "127.0.0.1:2");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn dump_round_trips() {
+        let c =
+            ConfigSource::from_toml_str("[limits.provider_concurrency]\nanthropic = 2\n").unwrap();
+        let again = ConfigSource::from_toml_str(&c.to_toml()).unwrap();
+        assert_eq!(c, again);
+    }
+}

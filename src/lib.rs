@@ -1,0 +1,11 @@
+//! subagentd: a gRPC service that schedules, runs and supervises sub-agents.
+//!
+//! See ARCHITECTURE.md for the layout and the path of one Spawn.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod pb;
+pub mod runner;
+pub mod scheduler;
+pub mod server;

@@ -1,0 +1,44 @@
+//! The runner seam: what executes one agent run.
+//!
+//! A runner gets the prompt, a cancellation token, a stream of steer
+//! messages and a [`RunReporter`] to report output, tool calls, usage and
+//! approval requests; it resolves to the result or a failure. The scheduler
+//! owns everything else: the deadline, cancellation, slots and events. A
+//! runner that is cancelled is simply dropped, so runners need no cleanup
+//! path of their own beyond `Drop`.
+
+pub mod simulated;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::scheduler::RunReporter;
+use crate::scheduler::{AgentError, AgentView};
+
+/// What a run resolves to: the final result, or why it failed.
+pub type RunOutcome = Result<String, AgentError>;
+
+/// Everything a runner gets for one run.
+#[derive(Debug)]
+pub struct Run {
+    /// The agent as it was when the run started.
+    pub agent: AgentView,
+    /// The prompt.
+    pub prompt: Arc<str>,
+    /// Steer messages in arrival order (buffered ones first).
+    pub steer: mpsc::UnboundedReceiver<String>,
+    /// Cancelled when the scheduler ends the run (cancel, deadline, parent
+    /// ended). The run future is also dropped then.
+    pub cancel: CancellationToken,
+    /// Reports progress back to the scheduler.
+    pub reporter: RunReporter,
+}
+
+/// Executes runs of one kind of agent.
+pub trait Runner: Send + Sync + 'static {
+    /// Runs one agent to completion.
+    fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome>;
+}

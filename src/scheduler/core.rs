@@ -1,0 +1,1088 @@
+//! The scheduler core: every agent record, every counter and the admission
+//! queue, changed only by synchronous methods.
+//!
+//! The core does no I/O and never awaits. It lives behind one mutex in
+//! [`super::Scheduler`], which is held only for the duration of one method
+//! call; runs are started by the caller from the [`RunStart`]s the core
+//! hands out. That keeps the hot path (Spawn → admit → start) free of
+//! channel hops, and lets the model-based test drive the core directly.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{
+    error::{Error, FieldViolation},
+    events::{EventKind, EventLog, Subscription},
+    queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
+    state::{check_move, Held},
+    types::*,
+};
+use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig};
+
+/// Longest accepted `lead_id` and `idempotency_key`, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// A run the caller must start (outside the lock).
+#[derive(Debug)]
+pub struct RunStart {
+    /// The agent as it is at start.
+    pub agent: AgentView,
+    /// Which runner executes it.
+    pub runner: RunnerKind,
+    /// The prompt.
+    pub prompt: Arc<str>,
+    /// Steer messages: buffered ones are already in the channel.
+    pub steer: mpsc::UnboundedReceiver<String>,
+    /// Cancelled when the agent ends for any reason other than the run's own
+    /// report.
+    pub cancel: CancellationToken,
+    /// Run deadline, measured from now.
+    pub timeout: Duration,
+}
+
+/// Handles the core keeps to talk to a live run.
+#[derive(Debug)]
+struct RunControl {
+    cancel: CancellationToken,
+    steer: mpsc::UnboundedSender<String>,
+}
+
+/// How a steer message was handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SteerDelivery {
+    /// Handed to the running run.
+    Delivered,
+    /// Kept until the agent runs.
+    Buffered,
+}
+
+/// Why the core moves agents to CANCELLED as a cascade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cascade {
+    /// Explicit cancel: the whole subtree, detached agents included.
+    Everything,
+    /// The parent ended on its own: detached subtrees survive.
+    SkipDetached,
+}
+
+#[derive(Debug)]
+struct Record {
+    view: AgentView,
+    /// Admission sequence: FIFO order and creation order.
+    seq: u64,
+    parent_key: ParentKey,
+    runner: RunnerKind,
+    /// Taken when the run starts.
+    prompt: Option<Arc<str>>,
+    timeout: Duration,
+    steer_buffer: Vec<String>,
+    run: Option<RunControl>,
+    children: Vec<AgentId>,
+    idempotency_key: Option<Arc<str>>,
+}
+
+impl Record {
+    fn sub_key(&self) -> SubKey {
+        SubKey {
+            bucket: self.view.bucket.clone(),
+            parent: self.parent_key.clone(),
+        }
+    }
+}
+
+/// A page of a filtered listing.
+#[derive(Debug)]
+pub struct Page {
+    /// Matching agents, oldest first.
+    pub agents: Vec<AgentView>,
+    /// Admission sequence to continue after; None on the last page.
+    pub next_after: Option<u64>,
+}
+
+/// Counters the model-based test compares against the records.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Live background agents.
+    pub live_background: u32,
+    /// Running agents per bucket (non-zero entries only).
+    pub buckets: BTreeMap<String, u32>,
+    /// Running background children per parent (non-zero entries only).
+    pub parents: BTreeMap<String, u32>,
+    /// Live agents per tree (non-zero entries only).
+    pub trees: BTreeMap<AgentId, u32>,
+    /// Queued agents.
+    pub queued: usize,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Core {
+    limits: Limits,
+    runs: RunsConfig,
+    agent_types: BTreeMap<String, AgentTypeConfig>,
+    agents: HashMap<AgentId, Record>,
+    /// Admission sequence → agent, for listing in creation order.
+    order: BTreeMap<u64, AgentId>,
+    next_seq: u64,
+    queue: AdmissionQueue,
+    live_background: u32,
+    bucket_running: HashMap<BucketKey, u32>,
+    parent_running: HashMap<ParentKey, u32>,
+    tree_live: HashMap<AgentId, u32>,
+    lead_live: HashMap<Arc<str>, HashSet<AgentId>>,
+    idempotency: HashMap<(ParentKey, Arc<str>), AgentId>,
+    /// Finished agents in finish order, for retention sweeps.
+    finished: VecDeque<(SystemTime, AgentId)>,
+    waiters: HashMap<AgentId, Vec<Arc<Notify>>>,
+    events: EventLog,
+    starts: Vec<RunStart>,
+}
+
+impl Core {
+    /// An empty core with the given configuration.
+    pub fn new(
+        limits: Limits,
+        runs: RunsConfig,
+        watch: &WatchConfig,
+        agent_types: BTreeMap<String, AgentTypeConfig>,
+    ) -> Self {
+        Self {
+            limits,
+            runs,
+            agent_types,
+            agents: HashMap::new(),
+            order: BTreeMap::new(),
+            next_seq: 1,
+            queue: AdmissionQueue::default(),
+            live_background: 0,
+            bucket_running: HashMap::new(),
+            parent_running: HashMap::new(),
+            tree_live: HashMap::new(),
+            lead_live: HashMap::new(),
+            idempotency: HashMap::new(),
+            finished: VecDeque::new(),
+            waiters: HashMap::new(),
+            events: EventLog::new(watch.history, watch.subscriber_buffer),
+            starts: Vec::new(),
+        }
+    }
+
+    // ----- configuration -------------------------------------------------
+
+    /// Applies reloaded limits, run settings and agent types. Raising a limit
+    /// starts queued agents at once; lowering one never pre-empts.
+    pub fn reconfigure(
+        &mut self,
+        limits: Limits,
+        runs: RunsConfig,
+        agent_types: BTreeMap<String, AgentTypeConfig>,
+    ) {
+        self.limits = limits;
+        self.runs = runs;
+        self.agent_types = agent_types;
+        let mut dirty = Dirty::default();
+        dirty.everything();
+        self.drain(dirty);
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Retention of finished agents.
+    pub fn finished_retention(&self) -> Duration {
+        self.runs.finished_retention
+    }
+
+    fn bucket_for(&self, model: &str) -> BucketKey {
+        let provider = model.split_once('/').map_or(model, |(p, _)| p);
+        if self.limits.model_concurrency.contains_key(model) {
+            model.into()
+        } else if self.limits.provider_concurrency.contains_key(provider) {
+            provider.into()
+        } else {
+            model.into()
+        }
+    }
+
+    /// Running-agent limit of a bucket key; 0 = unlimited.
+    fn bucket_limit(&self, bucket: &str) -> u32 {
+        match bucket.split_once('/') {
+            Some((provider, _)) => self
+                .limits
+                .model_concurrency
+                .get(bucket)
+                .or_else(|| self.limits.provider_concurrency.get(provider))
+                .copied()
+                .unwrap_or(self.limits.default_concurrency),
+            None => self
+                .limits
+                .provider_concurrency
+                .get(bucket)
+                .copied()
+                .unwrap_or(self.limits.default_concurrency),
+        }
+    }
+
+    fn bucket_has_room(&self, bucket: &BucketKey) -> bool {
+        let limit = self.bucket_limit(bucket);
+        limit == 0 || self.bucket_running.get(bucket).copied().unwrap_or(0) < limit
+    }
+
+    fn parent_has_room(&self, parent: &ParentKey) -> bool {
+        let limit = self.limits.max_concurrent_per_parent;
+        *parent == ParentKey::None
+            || limit == 0
+            || self.parent_running.get(parent).copied().unwrap_or(0) < limit
+    }
+
+    // ----- spawn ----------------------------------------------------------
+
+    /// Admits an agent: starts it, queues it, or refuses it. Returns the
+    /// agent and whether it is an earlier agent found by idempotency key.
+    pub fn spawn(&mut self, spec: SpawnSpec, now: SystemTime) -> Result<(AgentView, bool), Error> {
+        self.check_spec(&spec)?;
+        let parent = match spec.parent_id {
+            Some(pid) => {
+                let p = self.agents.get(&pid).ok_or(Error::NotFound {
+                    field: "parent_id",
+                    id: pid.to_string(),
+                })?;
+                if p.view.status.is_terminal() {
+                    return Err(Error::AgentFinished {
+                        field: "parent_id",
+                        id: pid.to_string(),
+                        status: p.view.status,
+                    });
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let (parent_key, root_id, lead_id, depth) = match parent {
+            Some(p) => (
+                ParentKey::Agent(p.view.id),
+                Some(p.view.root_id),
+                p.view.lead_id.clone(),
+                p.view.depth + 1,
+            ),
+            None => {
+                let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
+                let key = lead.clone().map_or(ParentKey::None, ParentKey::Lead);
+                (key, None, lead, 1)
+            }
+        };
+        let idem_key = spec.idempotency_key.as_deref().map(Arc::<str>::from);
+        if let Some(k) = &idem_key {
+            if let Some(existing) = self.idempotency.get(&(parent_key.clone(), k.clone())) {
+                if let Some(rec) = self.agents.get(existing) {
+                    return Ok((self.view_of(rec), true));
+                }
+            }
+        }
+        if depth > self.limits.max_depth {
+            return Err(Error::DepthLimit {
+                limit: self.limits.max_depth,
+                depth,
+            });
+        }
+        let tree_limit = self.limits.max_live_descendants_per_root;
+        if let Some(root) = root_id {
+            let live = self.tree_live.get(&root).copied().unwrap_or(0);
+            if tree_limit != 0 && live >= tree_limit {
+                return Err(Error::DescendantLimit {
+                    limit: tree_limit,
+                    live,
+                    root_id: root,
+                });
+            }
+        }
+        if spec.background && self.live_background >= self.limits.max_background_agents {
+            return Err(Error::GlobalLimit {
+                limit: self.limits.max_background_agents,
+                live: self.live_background,
+            });
+        }
+
+        let id = Uuid::new_v4();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let bucket = self.bucket_for(&spec.model);
+        let runner = self.agent_types[&spec.agent].runner;
+        let view = AgentView {
+            id,
+            agent: spec.agent.into(),
+            model: spec.model.into(),
+            description: spec.description.into(),
+            parent_id: spec.parent_id,
+            root_id: root_id.unwrap_or(id),
+            lead_id,
+            depth,
+            status: AgentStatus::Queued,
+            created_at: now,
+            started_at: None,
+            finished_at: None,
+            result: "".into(),
+            error: None,
+            approval: None,
+            usage: Usage::default(),
+            labels: Arc::new(spec.labels),
+            background: spec.background,
+            detached: spec.detached,
+            queue_reason: None,
+            bucket: bucket.clone(),
+        };
+        let record = Record {
+            view,
+            seq,
+            parent_key: parent_key.clone(),
+            runner,
+            prompt: Some(spec.prompt.into()),
+            timeout: spec.timeout.unwrap_or(self.runs.default_timeout),
+            steer_buffer: Vec::new(),
+            run: None,
+            children: Vec::new(),
+            idempotency_key: idem_key.clone(),
+        };
+        if let Some(pid) = spec.parent_id {
+            if let Some(p) = self.agents.get_mut(&pid) {
+                p.children.push(id);
+            }
+        }
+        if let Some(k) = idem_key {
+            self.idempotency.insert((parent_key.clone(), k), id);
+        }
+        if let Some(lead) = &record.view.lead_id {
+            self.lead_live.entry(lead.clone()).or_default().insert(id);
+        }
+        self.agents.insert(id, record);
+        self.order.insert(seq, id);
+        // A new agent enters in QUEUED; account for the slots QUEUED holds.
+        self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
+
+        let can_start = !spec.background
+            || (self.bucket_has_room(&bucket) && self.parent_has_room(&parent_key));
+        let mut dirty = Dirty::default();
+        if can_start {
+            self.start(id, &mut dirty);
+        } else {
+            let rec = &self.agents[&id];
+            self.queue.push(seq, id, rec.sub_key());
+            self.publish(id, EventKind::Queued);
+        }
+        self.drain(dirty);
+        Ok((self.view(id).expect("agent was just inserted"), false))
+    }
+
+    fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
+        let mut violations = Vec::new();
+        if !self.agent_types.contains_key(&spec.agent) {
+            return Err(Error::UnknownAgentType {
+                name: spec.agent.clone(),
+                known: self.agent_types.keys().cloned().collect(),
+            });
+        }
+        if spec.prompt.len() > self.limits.max_prompt_bytes {
+            violations.push(FieldViolation::new(
+                "prompt",
+                format!(
+                    "prompt is {} bytes; the limit is {} bytes ([limits] max_prompt_bytes)",
+                    spec.prompt.len(),
+                    self.limits.max_prompt_bytes
+                ),
+            ));
+        }
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(violations))
+        }
+    }
+
+    // ----- transitions ------------------------------------------------------
+
+    /// Takes the slots in `held` for a record (used when it first enters).
+    fn acquire(&mut self, id: AgentId, held: Held) {
+        let rec = &self.agents[&id];
+        let (bucket, parent, root) = (
+            rec.view.bucket.clone(),
+            rec.parent_key.clone(),
+            rec.view.root_id,
+        );
+        if held.global {
+            self.live_background += 1;
+        }
+        if held.bucket {
+            *self.bucket_running.entry(bucket).or_default() += 1;
+        }
+        if held.parent {
+            *self.parent_running.entry(parent).or_default() += 1;
+        }
+        if held.tree {
+            *self.tree_live.entry(root).or_default() += 1;
+        }
+    }
+
+    /// Gives back the slots in `held`, marking freed limits dirty.
+    fn release(&mut self, id: AgentId, held: Held, dirty: &mut Dirty) {
+        let rec = &self.agents[&id];
+        let (bucket, parent, root) = (
+            rec.view.bucket.clone(),
+            rec.parent_key.clone(),
+            rec.view.root_id,
+        );
+        fn dec<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, k: &K) {
+            if let Some(n) = map.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(k);
+                }
+            }
+        }
+        if held.global {
+            self.live_background -= 1;
+        }
+        if held.bucket {
+            dec(&mut self.bucket_running, &bucket);
+            dirty.bucket(&bucket);
+        }
+        if held.parent {
+            dec(&mut self.parent_running, &parent);
+            dirty.parent(&parent);
+        }
+        if held.tree {
+            dec(&mut self.tree_live, &root);
+        }
+    }
+
+    /// The one place an agent changes state: checks the move, moves slots
+    /// by the difference between the two states, keeps the queue and the
+    /// indexes in step, and publishes the event.
+    fn transition(
+        &mut self,
+        id: AgentId,
+        to: AgentStatus,
+        dirty: &mut Dirty,
+    ) -> Result<(), super::state::InvalidMove> {
+        let rec = self.agents.get(&id).expect("transition of a known agent");
+        let from = rec.view.status;
+        check_move(from, to)?;
+        let bg = rec.view.background;
+        let (before, after) = (Held::of(from, bg), Held::of(to, bg));
+        let released = Held {
+            global: before.global && !after.global,
+            bucket: before.bucket && !after.bucket,
+            parent: before.parent && !after.parent,
+            tree: before.tree && !after.tree,
+        };
+        let acquired = Held {
+            global: after.global && !before.global,
+            bucket: after.bucket && !before.bucket,
+            parent: after.parent && !before.parent,
+            tree: after.tree && !before.tree,
+        };
+        self.release(id, released, dirty);
+        self.acquire(id, acquired);
+
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        if from == AgentStatus::Queued {
+            let key = rec.sub_key();
+            self.queue.remove(rec.seq, &key);
+        }
+        if to == AgentStatus::Queued {
+            let key = rec.sub_key();
+            self.queue.push(rec.seq, id, key);
+        }
+        rec.view.status = to;
+        if to != AgentStatus::AwaitingApproval {
+            rec.view.approval = None;
+        }
+        if to.is_terminal() {
+            let now = SystemTime::now();
+            rec.view.finished_at = Some(now);
+            rec.prompt = None;
+            rec.steer_buffer = Vec::new();
+            if let Some(run) = rec.run.take() {
+                run.cancel.cancel();
+            }
+            if let Some(lead) = rec.view.lead_id.clone() {
+                if let Some(set) = self.lead_live.get_mut(&lead) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        self.lead_live.remove(&lead);
+                    }
+                }
+            }
+            self.finished.push_back((now, id));
+        }
+        if to.is_settled() {
+            if let Some(waiters) = self.waiters.remove(&id) {
+                for w in waiters {
+                    w.notify_one();
+                }
+            }
+        }
+        let kind = match to {
+            AgentStatus::Queued => EventKind::Queued,
+            AgentStatus::Running => EventKind::Started,
+            AgentStatus::AwaitingApproval => EventKind::AwaitingApproval,
+            AgentStatus::Done => EventKind::Done,
+            AgentStatus::Failed => EventKind::Failed,
+            AgentStatus::Cancelled => EventKind::Cancelled,
+        };
+        self.publish(id, kind);
+        Ok(())
+    }
+
+    /// QUEUED (or AWAITING_APPROVAL) → RUNNING, creating the run's controls
+    /// on first start.
+    fn start(&mut self, id: AgentId, dirty: &mut Dirty) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        if rec.view.started_at.is_none() {
+            rec.view.started_at = Some(SystemTime::now());
+        }
+        let first_start = rec.run.is_none();
+        let steer_rx = if first_start {
+            let (tx, rx) = mpsc::unbounded_channel();
+            rec.run = Some(RunControl {
+                cancel: CancellationToken::new(),
+                steer: tx,
+            });
+            Some(rx)
+        } else {
+            None
+        };
+        let run = rec.run.as_ref().expect("run controls exist");
+        for msg in rec.steer_buffer.drain(..) {
+            // The receiver lives as long as the run task; a closed channel
+            // means the run is ending and the message has nowhere to go.
+            let _ = run.steer.send(msg);
+        }
+        let cancel = run.cancel.clone();
+        if self.transition(id, AgentStatus::Running, dirty).is_err() {
+            return;
+        }
+        if let Some(steer) = steer_rx {
+            let rec = self.agents.get_mut(&id).expect("known agent");
+            let start = RunStart {
+                agent: rec.view.clone(),
+                runner: rec.runner,
+                prompt: rec.prompt.take().unwrap_or_else(|| "".into()),
+                steer,
+                cancel,
+                timeout: rec.timeout,
+            };
+            self.starts.push(start);
+        }
+    }
+
+    /// Starts queued agents while limits freed by `dirty` have room, earliest
+    /// admission first.
+    fn drain(&mut self, dirty: Dirty) {
+        while !dirty.is_empty() && !self.queue.is_empty() {
+            let next = self.queue.next_eligible(
+                &dirty,
+                |b| self.bucket_has_room(b),
+                |p| self.parent_has_room(p),
+            );
+            let Some((_, id, _)) = next else { break };
+            let mut more = Dirty::default();
+            self.start(id, &mut more);
+            // Starting takes slots and never frees one, so `more` stays empty;
+            // keep draining the same freed limits.
+            debug_assert!(more.is_empty());
+        }
+    }
+
+    /// Runs to hand to the runners since the last call.
+    pub fn take_starts(&mut self) -> Vec<RunStart> {
+        std::mem::take(&mut self.starts)
+    }
+
+    // ----- run reports -------------------------------------------------------
+
+    /// The run ended on its own: DONE with a result, or FAILED. Reports
+    /// for agents that already ended (cancelled, timed out) are ignored.
+    pub fn finish(&mut self, id: AgentId, outcome: Result<String, AgentError>) -> bool {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return false;
+        };
+        if rec.view.status.is_terminal() {
+            return false;
+        }
+        let to = match outcome {
+            Ok(result) => {
+                rec.view.result = result.into();
+                AgentStatus::Done
+            }
+            Err(error) => {
+                rec.view.error = Some(error);
+                AgentStatus::Failed
+            }
+        };
+        let mut dirty = Dirty::default();
+        if self.transition(id, to, &mut dirty).is_err() {
+            return false;
+        }
+        self.cascade(id, Cascade::SkipDetached, &mut dirty, &mut Vec::new());
+        self.drain(dirty);
+        true
+    }
+
+    /// Appends a line of output to the agent's result while it runs.
+    pub fn append_output(&mut self, id: AgentId, text: &str) {
+        if let Some(rec) = self.agents.get_mut(&id) {
+            if !rec.view.status.is_terminal() {
+                let mut s = String::with_capacity(rec.view.result.len() + text.len() + 1);
+                s.push_str(&rec.view.result);
+                if !s.is_empty() {
+                    s.push('\n');
+                }
+                s.push_str(text);
+                rec.view.result = s.into();
+            }
+        }
+    }
+
+    /// Adds to the agent's usage while it runs.
+    pub fn add_usage(&mut self, id: AgentId, usage: Usage) {
+        if let Some(rec) = self.agents.get_mut(&id) {
+            if !rec.view.status.is_terminal() {
+                let u = &mut rec.view.usage;
+                u.input_tokens += usage.input_tokens;
+                u.output_tokens += usage.output_tokens;
+                u.tool_calls += usage.tool_calls;
+            }
+        }
+    }
+
+    /// The run asks for approval of a tool call: RUNNING → AWAITING_APPROVAL,
+    /// freeing its bucket and parent slots. Returns the new approval, or
+    /// None if the agent is not running.
+    pub fn request_approval(&mut self, id: AgentId, tool_name: &str) -> Option<Approval> {
+        let rec = self.agents.get_mut(&id)?;
+        if rec.view.status != AgentStatus::Running {
+            return None;
+        }
+        let approval = Approval {
+            id: Uuid::new_v4(),
+            tool_name: tool_name.into(),
+        };
+        rec.view.approval = Some(approval.clone());
+        let mut dirty = Dirty::default();
+        self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
+            .ok()?;
+        self.drain(dirty);
+        Some(approval)
+    }
+
+    /// An approval was decided: AWAITING_APPROVAL → back in its bucket's
+    /// queue at its original admission sequence (ahead of newer agents), or
+    /// straight to RUNNING when its limits have room.
+    pub fn resume(&mut self, id: AgentId) -> bool {
+        let Some(rec) = self.agents.get(&id) else {
+            return false;
+        };
+        if rec.view.status != AgentStatus::AwaitingApproval {
+            return false;
+        }
+        let (bucket, parent) = (rec.view.bucket.clone(), rec.parent_key.clone());
+        let mut dirty = Dirty::default();
+        if !rec.view.background || (self.bucket_has_room(&bucket) && self.parent_has_room(&parent))
+        {
+            self.start(id, &mut dirty);
+        } else if self
+            .transition(id, AgentStatus::Queued, &mut dirty)
+            .is_err()
+        {
+            return false;
+        }
+        self.drain(dirty);
+        true
+    }
+
+    // ----- cancel -------------------------------------------------------------
+
+    /// Cancels an agent and its live descendants (detached ones included).
+    /// Returns every agent moved to CANCELLED; empty when it had ended.
+    pub fn cancel(&mut self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
+        let rec = self.agents.get(&id).ok_or(Error::NotFound {
+            field: "id",
+            id: id.to_string(),
+        })?;
+        if rec.view.status.is_terminal() {
+            return Ok(Vec::new());
+        }
+        let mut dirty = Dirty::default();
+        let mut cancelled = Vec::new();
+        self.cancel_one(id, cancel_message(reason), &mut dirty, &mut cancelled);
+        self.cascade(id, Cascade::Everything, &mut dirty, &mut cancelled);
+        self.drain(dirty);
+        Ok(cancelled)
+    }
+
+    /// Cancels every live agent under a lead, with their descendants.
+    pub fn cancel_lead(&mut self, lead: &str, reason: &str) -> Vec<AgentView> {
+        let mut ids: Vec<AgentId> = self
+            .lead_live
+            .get(lead)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        // Cancel in admission order so events read naturally (parents first).
+        ids.sort_by_key(|id| self.agents.get(id).map_or(0, |r| r.seq));
+        let mut dirty = Dirty::default();
+        let mut cancelled = Vec::new();
+        let message = cancel_message(reason);
+        for id in ids {
+            if self
+                .agents
+                .get(&id)
+                .is_some_and(|r| !r.view.status.is_terminal())
+            {
+                self.cancel_one(id, message.clone(), &mut dirty, &mut cancelled);
+                self.cascade(id, Cascade::Everything, &mut dirty, &mut cancelled);
+            }
+        }
+        self.drain(dirty);
+        cancelled
+    }
+
+    fn cancel_one(
+        &mut self,
+        id: AgentId,
+        message: String,
+        dirty: &mut Dirty,
+        cancelled: &mut Vec<AgentView>,
+    ) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if rec.view.status.is_terminal() {
+            return;
+        }
+        rec.view.error = Some(AgentError::new(CODE_CANCELLED, message));
+        if self.transition(id, AgentStatus::Cancelled, dirty).is_ok() {
+            if let Some(v) = self.view(id) {
+                cancelled.push(v);
+            }
+        }
+    }
+
+    /// Cancels the live descendants of `id`, which has just ended.
+    fn cascade(
+        &mut self,
+        id: AgentId,
+        mode: Cascade,
+        dirty: &mut Dirty,
+        cancelled: &mut Vec<AgentView>,
+    ) {
+        let mut stack = vec![id];
+        while let Some(parent) = stack.pop() {
+            let Some(rec) = self.agents.get(&parent) else {
+                continue;
+            };
+            let (children, status) = (rec.children.clone(), rec.view.status);
+            for child in children {
+                let Some(c) = self.agents.get(&child) else {
+                    continue;
+                };
+                if mode == Cascade::SkipDetached && c.view.detached {
+                    continue;
+                }
+                if !c.view.status.is_terminal() {
+                    let message = format!(
+                        "parent agent {parent} ended ({})",
+                        format!("{status:?}").to_uppercase()
+                    );
+                    self.cancel_one(child, message, dirty, cancelled);
+                }
+                stack.push(child);
+            }
+        }
+    }
+
+    // ----- steer ----------------------------------------------------------------
+
+    /// Delivers a steer message now (RUNNING) or buffers it (QUEUED,
+    /// AWAITING_APPROVAL).
+    pub fn steer(
+        &mut self,
+        id: AgentId,
+        message: String,
+    ) -> Result<(AgentView, SteerDelivery), Error> {
+        let rec = self.agents.get_mut(&id).ok_or(Error::NotFound {
+            field: "id",
+            id: id.to_string(),
+        })?;
+        let delivery = match rec.view.status {
+            AgentStatus::Running => {
+                if let Some(run) = &rec.run {
+                    // A closed channel means the run is ending; the message
+                    // would be lost either way.
+                    let _ = run.steer.send(message);
+                }
+                SteerDelivery::Delivered
+            }
+            AgentStatus::Queued | AgentStatus::AwaitingApproval => {
+                rec.steer_buffer.push(message);
+                SteerDelivery::Buffered
+            }
+            status => {
+                return Err(Error::AgentFinished {
+                    field: "id",
+                    id: id.to_string(),
+                    status,
+                })
+            }
+        };
+        if delivery == SteerDelivery::Delivered {
+            self.publish(id, EventKind::Steered);
+        }
+        Ok((self.view(id).expect("known agent"), delivery))
+    }
+
+    // ----- reads ------------------------------------------------------------------
+
+    fn view_of(&self, rec: &Record) -> AgentView {
+        let mut v = rec.view.clone();
+        if v.status == AgentStatus::Queued {
+            v.queue_reason = Some(self.queue_reason(rec).into());
+        }
+        v
+    }
+
+    fn queue_reason(&self, rec: &Record) -> String {
+        let bucket = &rec.view.bucket;
+        let limit = self.bucket_limit(bucket);
+        let running = self.bucket_running.get(bucket).copied().unwrap_or(0);
+        if limit != 0 && running >= limit {
+            return format!("bucket \"{bucket}\" {running}/{limit} running");
+        }
+        let limit = self.limits.max_concurrent_per_parent;
+        let running = self
+            .parent_running
+            .get(&rec.parent_key)
+            .copied()
+            .unwrap_or(0);
+        if limit != 0 && running >= limit {
+            return format!("parent limit {running}/{limit}");
+        }
+        "waiting for a slot".to_owned()
+    }
+
+    /// One agent as the API shows it.
+    pub fn view(&self, id: AgentId) -> Option<AgentView> {
+        self.agents.get(&id).map(|r| self.view_of(r))
+    }
+
+    /// Whether the agent is known (live or retained).
+    pub fn contains(&self, id: AgentId) -> bool {
+        self.agents.contains_key(&id)
+    }
+
+    /// Agents matching `filter`, oldest first, starting after admission
+    /// sequence `after`, at most `limit`.
+    pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
+        let mut agents = Vec::new();
+        let mut last = None;
+        for (&seq, id) in self.order.range(after + 1..) {
+            let rec = &self.agents[id];
+            let view = self.view_of(rec);
+            if filter.matches(&view) {
+                if agents.len() == limit {
+                    return Page {
+                        agents,
+                        next_after: last,
+                    };
+                }
+                agents.push(view);
+                last = Some(seq);
+            }
+        }
+        Page {
+            agents,
+            next_after: None,
+        }
+    }
+
+    /// Registers `waiter` to be notified when `id` settles. Returns false if
+    /// it is settled already.
+    pub fn add_waiter(&mut self, id: AgentId, waiter: &Arc<Notify>) -> bool {
+        match self.agents.get(&id) {
+            Some(rec) if !rec.view.status.is_settled() => {
+                let list = self.waiters.entry(id).or_default();
+                if !list.iter().any(|w| Arc::ptr_eq(w, waiter)) {
+                    list.push(waiter.clone());
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets a waiter (its Await returned or its caller went away).
+    pub fn remove_waiter(&mut self, id: AgentId, waiter: &Arc<Notify>) {
+        if let Some(list) = self.waiters.get_mut(&id) {
+            list.retain(|w| !Arc::ptr_eq(w, waiter));
+            if list.is_empty() {
+                self.waiters.remove(&id);
+            }
+        }
+    }
+
+    /// Subscribes to events, see [`EventLog::subscribe`].
+    pub fn subscribe(
+        &mut self,
+        filter: &AgentFilter,
+        after_sequence: u64,
+        include_snapshot: bool,
+    ) -> Subscription {
+        let agents: Vec<AgentView> = if include_snapshot || after_sequence > 0 {
+            self.order
+                .values()
+                .map(|id| self.view_of(&self.agents[id]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.events
+            .subscribe(filter, after_sequence, include_snapshot, agents.into_iter())
+    }
+
+    fn publish(&mut self, id: AgentId, kind: EventKind) {
+        let view = self.view(id).expect("known agent");
+        self.events.publish(kind, view);
+    }
+
+    /// Number of WatchAgents subscribers.
+    pub fn subscribers(&self) -> usize {
+        self.events.subscribers()
+    }
+
+    /// Every live agent's id (for shutdown).
+    pub fn live_ids(&self) -> Vec<AgentId> {
+        self.order
+            .values()
+            .filter(|id| !self.agents[*id].view.status.is_terminal())
+            .copied()
+            .collect()
+    }
+
+    // ----- retention -----------------------------------------------------------------
+
+    /// Forgets agents that finished more than `finished_retention` before
+    /// `now`. Returns how many were forgotten.
+    pub fn sweep(&mut self, now: SystemTime) -> usize {
+        let retention = self.runs.finished_retention;
+        let mut n = 0;
+        while let Some(&(at, id)) = self.finished.front() {
+            if at + retention > now {
+                break;
+            }
+            self.finished.pop_front();
+            if let Some(rec) = self.agents.remove(&id) {
+                self.order.remove(&rec.seq);
+                if let Some(k) = rec.idempotency_key {
+                    self.idempotency.remove(&(rec.parent_key, k));
+                }
+                n += 1;
+            }
+        }
+        n
+    }
+
+    // ----- invariants (tests) ------------------------------------------------------
+
+    /// The core's counters, for comparison with [`Core::recount`].
+    pub fn counters(&self) -> Counters {
+        Counters {
+            live_background: self.live_background,
+            buckets: self
+                .bucket_running
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            parents: self
+                .parent_running
+                .iter()
+                .map(|(k, v)| (format!("{k:?}"), *v))
+                .collect(),
+            trees: self.tree_live.iter().map(|(k, v)| (*k, *v)).collect(),
+            queued: self.queue.len(),
+        }
+    }
+
+    /// The counters recomputed from the agents' states.
+    pub fn recount(&self) -> Counters {
+        let mut c = Counters::default();
+        for rec in self.agents.values() {
+            let held = Held::of(rec.view.status, rec.view.background);
+            if held.global {
+                c.live_background += 1;
+            }
+            if held.bucket {
+                *c.buckets.entry(rec.view.bucket.to_string()).or_default() += 1;
+            }
+            if held.parent {
+                *c.parents
+                    .entry(format!("{:?}", rec.parent_key))
+                    .or_default() += 1;
+            }
+            if held.tree {
+                *c.trees.entry(rec.view.root_id).or_default() += 1;
+            }
+            if rec.view.status == AgentStatus::Queued {
+                c.queued += 1;
+            }
+        }
+        c
+    }
+
+    /// Whether a queued agent could start now (its limits all have room).
+    /// After every public method this is false for every queued agent.
+    pub fn startable_queued(&self) -> Vec<AgentId> {
+        self.agents
+            .values()
+            .filter(|r| {
+                r.view.status == AgentStatus::Queued
+                    && self.bucket_has_room(&r.view.bucket)
+                    && self.parent_has_room(&r.parent_key)
+            })
+            .map(|r| r.view.id)
+            .collect()
+    }
+
+    /// Running agents per bucket and their limits, for invariant checks.
+    pub fn bucket_usage(&self) -> Vec<(String, u32, u32)> {
+        self.bucket_running
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v, self.bucket_limit(k)))
+            .collect()
+    }
+
+    /// Running children per parent key and the limit.
+    pub fn parent_usage(&self) -> Vec<u32> {
+        self.parent_running.values().copied().collect()
+    }
+
+    /// Admission sequence of an agent.
+    pub fn seq_of(&self, id: AgentId) -> Option<u64> {
+        self.agents.get(&id).map(|r| r.seq)
+    }
+}
+
+fn cancel_message(reason: &str) -> String {
+    if reason.is_empty() {
+        "cancelled by request".to_owned()
+    } else {
+        reason.to_owned()
+    }
+}

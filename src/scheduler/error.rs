@@ -1,0 +1,93 @@
+//! Errors of the domain. Mapped to gRPC statuses in one place:
+//! [`crate::api::status`].
+
+use super::types::{AgentId, AgentStatus};
+
+/// One bad field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// Field path, e.g. `prompt` or `ids[2]`.
+    pub field: String,
+    /// What is wrong and what is expected.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// A violation of `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed; nothing changed.
+    #[error("invalid request: {}", .0.iter().map(|v| format!("{}: {}", v.field, v.description)).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<FieldViolation>),
+    /// The agent type is not configured.
+    #[error("unknown agent type \"{name}\"; known agent types: {}", known.join(", "))]
+    UnknownAgentType {
+        /// Requested type.
+        name: String,
+        /// Configured types.
+        known: Vec<String>,
+    },
+    /// No such agent (never existed, or forgotten after retention).
+    #[error("agent {id} not found (field `{field}`); finished agents are forgotten after [runs] finished_retention")]
+    NotFound {
+        /// Request field that named it.
+        field: &'static str,
+        /// The id as given.
+        id: String,
+    },
+    /// The agent already ended.
+    #[error("agent {id} has already finished ({status:?})")]
+    AgentFinished {
+        /// Request field that named it.
+        field: &'static str,
+        /// The agent.
+        id: String,
+        /// Its terminal status.
+        status: AgentStatus,
+    },
+    /// `max_background_agents` reached.
+    #[error("global limit reached: {live} of {limit} background agents are live (queued, running or awaiting approval); wait for one to finish, cancel one, or raise [limits] max_background_agents")]
+    GlobalLimit {
+        /// The configured limit.
+        limit: u32,
+        /// Live background agents now.
+        live: u32,
+    },
+    /// `max_depth` reached.
+    #[error("depth limit reached: the new agent would be at depth {depth} but [limits] max_depth is {limit}; spawn from a shallower agent or raise the limit")]
+    DepthLimit {
+        /// The configured limit.
+        limit: u32,
+        /// Depth the agent would have had.
+        depth: u32,
+    },
+    /// `max_live_descendants_per_root` reached.
+    #[error("descendant limit reached: tree {root_id} already has {live} live agents and [limits] max_live_descendants_per_root is {limit}; wait for some to finish or raise the limit")]
+    DescendantLimit {
+        /// The configured limit.
+        limit: u32,
+        /// Live agents in the tree now.
+        live: u32,
+        /// The tree.
+        root_id: AgentId,
+    },
+    /// The server is shutting down.
+    #[error("the server is shutting down and accepts no new agents; retry against another instance or after restart")]
+    ShuttingDown,
+}
+
+impl Error {
+    /// A single-field [`Error::Invalid`].
+    pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self::Invalid(vec![FieldViolation::new(field, description)])
+    }
+}

@@ -1,0 +1,168 @@
+//! The lifecycle event log behind WatchAgents: server-wide sequence numbers,
+//! a bounded history for `after_sequence` replay, and a broadcast fan-out.
+//!
+//! Publishing never waits: `broadcast::Sender::send` overwrites the oldest
+//! slot of its ring, and a subscriber that falls more than the ring's size
+//! behind learns it on its next receive (`Lagged`) and is cut off by the
+//! API layer with the sequence to resume after. So a slow subscriber costs
+//! the scheduler nothing.
+
+use std::{collections::VecDeque, sync::Arc};
+
+use tokio::sync::broadcast;
+
+use super::types::{AgentFilter, AgentView};
+
+/// What happened to an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// State at subscription time.
+    Snapshot,
+    /// Queued for a slot.
+    Queued,
+    /// Run started or resumed.
+    Started,
+    /// Steer message delivered to the running run.
+    Steered,
+    /// Paused for approval.
+    AwaitingApproval,
+    /// Finished.
+    Done,
+    /// Failed.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+/// One event: the agent as it is after the event.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Server-wide, strictly increasing, from 1.
+    pub sequence: u64,
+    /// What happened.
+    pub kind: EventKind,
+    /// The agent after the event.
+    pub agent: AgentView,
+}
+
+/// Sequence numbering, history and fan-out. Owned by the scheduler core,
+/// so events are numbered in the order the core applies transitions.
+#[derive(Debug)]
+pub struct EventLog {
+    next: u64,
+    history: VecDeque<Arc<Event>>,
+    capacity: usize,
+    /// Highest sequence number no longer in `history`; replay from below it
+    /// would miss events.
+    evicted_through: u64,
+    tx: broadcast::Sender<Arc<Event>>,
+}
+
+/// What a new subscriber starts with, taken atomically with its receiver so
+/// nothing falls between the two.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Snapshot or replayed events, in sequence order.
+    pub initial: Vec<Arc<Event>>,
+    /// Live events published after the subscription.
+    pub live: broadcast::Receiver<Arc<Event>>,
+    /// Newest sequence number at subscription: every event up to it is
+    /// covered by `initial` (or was not asked for).
+    pub position: u64,
+}
+
+impl EventLog {
+    /// A log keeping `history` events, fanning out through a ring of
+    /// `subscriber_buffer` events per subscriber.
+    pub fn new(history: usize, subscriber_buffer: usize) -> Self {
+        Self {
+            next: 1,
+            history: VecDeque::with_capacity(history.min(1024)),
+            capacity: history.max(1),
+            evicted_through: 0,
+            tx: broadcast::channel(subscriber_buffer.max(1)).0,
+        }
+    }
+
+    /// Numbers, records and broadcasts one event.
+    pub fn publish(&mut self, kind: EventKind, agent: AgentView) {
+        let event = Arc::new(Event {
+            sequence: self.take_sequence(),
+            kind,
+            agent,
+        });
+        if self.history.len() == self.capacity {
+            if let Some(old) = self.history.pop_front() {
+                self.evicted_through = old.sequence;
+            }
+        }
+        self.history.push_back(event.clone());
+        // No receivers is not an error: nobody is watching.
+        let _ = self.tx.send(event);
+    }
+
+    fn take_sequence(&mut self) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        seq
+    }
+
+    /// The sequence of the newest event (0 before the first).
+    pub fn last_sequence(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// Number of live subscribers.
+    pub fn subscribers(&self) -> usize {
+        self.tx.receiver_count()
+    }
+
+    /// Subscribes. `agents` lists every agent that exists now, oldest first,
+    /// for snapshots.
+    ///
+    /// - `include_snapshot`: one SNAPSHOT per matching agent, then live.
+    /// - `after_sequence > 0`: retained events after it, or SNAPSHOTs when
+    ///   some were evicted, then live.
+    /// - otherwise: live events only.
+    ///
+    /// Snapshot events draw fresh sequence numbers so every stream stays
+    /// strictly increasing and resumable.
+    pub fn subscribe<'a>(
+        &mut self,
+        filter: &AgentFilter,
+        after_sequence: u64,
+        include_snapshot: bool,
+        agents: impl Iterator<Item = AgentView> + 'a,
+    ) -> Subscription {
+        let live = self.tx.subscribe();
+        let replay_complete = after_sequence >= self.evicted_through;
+        let initial = if include_snapshot || (after_sequence > 0 && !replay_complete) {
+            agents
+                .filter(|a| filter.matches(a))
+                .map(|agent| {
+                    Arc::new(Event {
+                        sequence: self.take_sequence(),
+                        kind: EventKind::Snapshot,
+                        agent,
+                    })
+                })
+                .collect()
+        } else if after_sequence > 0 {
+            let start = self
+                .history
+                .partition_point(|e| e.sequence <= after_sequence);
+            self.history
+                .range(start..)
+                .filter(|e| filter.matches(&e.agent))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Subscription {
+            initial,
+            live,
+            position: self.last_sequence(),
+        }
+    }
+}

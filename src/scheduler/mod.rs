@@ -1,0 +1,432 @@
+//! The scheduler: admission, the run lifecycle, and the events they produce.
+//!
+//! [`Core`] is synchronous and owns all state; [`Scheduler`] is the cheap,
+//! cloneable handle the API uses. It locks the core for one method call at a
+//! time (never across an `.await`), then starts the runs the core admitted.
+
+pub mod core;
+pub mod error;
+pub mod events;
+pub mod queue;
+pub mod state;
+pub mod types;
+
+use std::{
+    collections::HashMap,
+    panic::AssertUnwindSafe,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime},
+};
+
+use futures_util::FutureExt;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+pub use self::core::{Core, Page, RunStart, SteerDelivery};
+pub use error::{Error, FieldViolation};
+pub use events::{Event, EventKind, Subscription};
+pub use types::*;
+
+use crate::{
+    config::{Config, RunnerKind},
+    runner::{simulated::SimulatedRunner, Run, Runner},
+};
+
+/// Whether Await waits for every agent or for the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AwaitMode {
+    /// Every agent settled.
+    #[default]
+    All,
+    /// At least one agent settled.
+    Any,
+}
+
+/// Error code of a run whose runner panicked.
+pub const CODE_RUNNER_CRASHED: &str = "RUNNER_CRASHED";
+
+struct Shared {
+    core: Mutex<Core>,
+    runners: HashMap<RunnerKind, Arc<dyn Runner>>,
+    shutting_down: AtomicBool,
+}
+
+/// Handle to the scheduler; clone freely.
+#[derive(Clone)]
+pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").finish_non_exhaustive()
+    }
+}
+
+impl Scheduler {
+    /// A scheduler with the built-in runners.
+    pub fn new(config: &Config) -> Self {
+        let runners: HashMap<RunnerKind, Arc<dyn Runner>> =
+            HashMap::from([(RunnerKind::Simulated, Arc::new(SimulatedRunner) as _)]);
+        Self::with_runners(config, runners)
+    }
+
+    /// A scheduler with the given runners (tests use fakes).
+    pub fn with_runners(config: &Config, runners: HashMap<RunnerKind, Arc<dyn Runner>>) -> Self {
+        let core = Core::new(
+            config.limits.clone(),
+            config.runs.clone(),
+            &config.watch,
+            config.agents.clone(),
+        );
+        Self {
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                runners,
+                shutting_down: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Runs `f` on the locked core, then starts the runs it admitted. The
+    /// lock is released before anything is spawned.
+    fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        let (out, starts) = {
+            let mut core = self.shared.core.lock();
+            let out = f(&mut core);
+            (out, core.take_starts())
+        };
+        for start in starts {
+            tokio::spawn(self.clone().drive(start));
+        }
+        out
+    }
+
+    /// Reads the core without starting anything.
+    pub fn inspect<R>(&self, f: impl FnOnce(&Core) -> R) -> R {
+        f(&self.shared.core.lock())
+    }
+
+    /// Executes one run: the runner future races the cancel token and the
+    /// deadline; whatever wins is reported to the core exactly once (the
+    /// core ignores reports for agents that already ended).
+    async fn drive(self, start: RunStart) {
+        let id = start.agent.id;
+        let cancel = start.cancel.clone();
+        let Some(runner) = self.shared.runners.get(&start.runner).cloned() else {
+            let error = AgentError::new(
+                "RUNNER_UNAVAILABLE",
+                format!("no runner of kind {:?} is available", start.runner),
+            );
+            self.with_core(|c| c.finish(id, Err(error)));
+            return;
+        };
+        let timeout = start.timeout;
+        let run = Run {
+            agent: start.agent,
+            prompt: start.prompt,
+            steer: start.steer,
+            cancel: cancel.clone(),
+            reporter: RunReporter {
+                scheduler: self.clone(),
+                id,
+            },
+        };
+        let deadline = async {
+            match tokio::time::Instant::now().checked_add(timeout) {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return,
+            () = deadline => Err(AgentError::new(
+                CODE_DEADLINE_EXCEEDED,
+                format!("run exceeded its deadline of {}", humantime::format_duration(timeout)),
+            )),
+            out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_owned());
+                Err(AgentError::new(CODE_RUNNER_CRASHED, format!("runner crashed: {what}")))
+            }),
+        };
+        self.with_core(|c| c.finish(id, outcome));
+    }
+
+    fn check_open(&self) -> Result<(), Error> {
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Admits an agent and returns at once (RUNNING or QUEUED; for a
+    /// foreground spec it is already running).
+    pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
+        self.check_open()?;
+        self.with_core(|c| c.spawn(spec, SystemTime::now()))
+            .map(|(view, _)| view)
+    }
+
+    /// Foreground spawn: admits the agent, then waits until it settles. If
+    /// the returned future is dropped first (the caller went away), the
+    /// agent is cancelled.
+    pub async fn spawn_foreground(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
+        self.check_open()?;
+        let (view, existing) = self.with_core(|c| c.spawn(spec, SystemTime::now()))?;
+        let guard = CancelOnDrop {
+            scheduler: self.clone(),
+            id: view.id,
+            // A retried foreground Spawn that found an earlier agent must not
+            // cancel it when this caller leaves: the first caller owns it.
+            armed: !existing,
+        };
+        let (mut agents, _) = self.await_agents(&[view.id], None, AwaitMode::All).await?;
+        guard.disarm();
+        Ok(agents.pop().unwrap_or(view))
+    }
+
+    /// Current views of `ids`, in order; the first unknown id is NOT_FOUND.
+    pub fn status(&self, ids: &[AgentId], field: &'static str) -> Result<Vec<AgentView>, Error> {
+        self.inspect(|c| {
+            ids.iter()
+                .map(|id| {
+                    c.view(*id).ok_or(Error::NotFound {
+                        field,
+                        id: id.to_string(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// A page of agents matching `filter`.
+    pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
+        self.inspect(|c| c.list(filter, after, limit))
+    }
+
+    /// Waits until all (or any) of `ids` are settled, or `timeout` passes
+    /// (None = no timeout). Returns the agents in order and whether it timed
+    /// out. Leaves no waiter behind however it ends.
+    pub async fn await_agents(
+        &self,
+        ids: &[AgentId],
+        timeout: Option<Duration>,
+        mode: AwaitMode,
+    ) -> Result<(Vec<AgentView>, bool), Error> {
+        let notify = Arc::new(Notify::new());
+        let _guard = WaiterGuard {
+            scheduler: self,
+            ids,
+            notify: &notify,
+        };
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
+        loop {
+            let (views, done) = self.with_core(|c| -> Result<_, Error> {
+                let views = ids
+                    .iter()
+                    .map(|id| {
+                        c.view(*id).ok_or(Error::NotFound {
+                            field: "ids",
+                            id: id.to_string(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let settled = views.iter().filter(|v| v.status.is_settled()).count();
+                let done = match mode {
+                    AwaitMode::All => settled == views.len(),
+                    AwaitMode::Any => settled > 0,
+                };
+                if !done {
+                    for v in views.iter().filter(|v| !v.status.is_settled()) {
+                        c.add_waiter(v.id, &notify);
+                    }
+                }
+                Ok((views, done))
+            })?;
+            if done {
+                return Ok((views, false));
+            }
+            let timer = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = notify.notified() => {}
+                () = timer => {
+                    let views = self.status(ids, "ids")?;
+                    let settled = views.iter().filter(|v| v.status.is_settled()).count();
+                    let done = match mode {
+                        AwaitMode::All => settled == views.len(),
+                        AwaitMode::Any => settled > 0,
+                    };
+                    return Ok((views, !done));
+                }
+            }
+        }
+    }
+
+    /// Cancels an agent and its live descendants.
+    pub fn cancel(&self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
+        self.with_core(|c| c.cancel(id, reason))
+    }
+
+    /// Cancels every live agent under a lead.
+    pub fn cancel_lead(&self, lead: &str, reason: &str) -> Vec<AgentView> {
+        self.with_core(|c| c.cancel_lead(lead, reason))
+    }
+
+    /// Sends a steer message.
+    pub fn steer(&self, id: AgentId, message: String) -> Result<(AgentView, SteerDelivery), Error> {
+        self.with_core(|c| c.steer(id, message))
+    }
+
+    /// Subscribes to lifecycle events.
+    pub fn subscribe(
+        &self,
+        filter: &AgentFilter,
+        after_sequence: u64,
+        include_snapshot: bool,
+    ) -> Subscription {
+        self.with_core(|c| c.subscribe(filter, after_sequence, include_snapshot))
+    }
+
+    /// Applies a reloaded config (limits, runs, agent types).
+    pub fn reconfigure(&self, config: &Config) {
+        self.with_core(|c| {
+            c.reconfigure(
+                config.limits.clone(),
+                config.runs.clone(),
+                config.agents.clone(),
+            )
+        });
+    }
+
+    /// Forgets finished agents past retention; returns how many.
+    pub fn sweep(&self) -> usize {
+        self.with_core(|c| c.sweep(SystemTime::now()))
+    }
+
+    /// How often [`Scheduler::sweep`] should run for the current retention.
+    pub fn sweep_interval(&self) -> Duration {
+        let retention = self.inspect(Core::finished_retention);
+        (retention / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    /// Stops admitting: every Spawn from now on is UNAVAILABLE.
+    pub fn begin_shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+    }
+
+    /// Cancels every live agent with `reason`; returns how many.
+    pub fn cancel_all(&self, reason: &str) -> usize {
+        self.with_core(|c| {
+            c.live_ids()
+                .into_iter()
+                .map(|id| c.cancel(id, reason).map_or(0, |v| v.len()))
+                .sum()
+        })
+    }
+}
+
+/// Removes an Await's waiter from every agent when the Await ends, however
+/// it ends (returned, timed out, or dropped because the client went away).
+struct WaiterGuard<'a> {
+    scheduler: &'a Scheduler,
+    ids: &'a [AgentId],
+    notify: &'a Arc<Notify>,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        let mut core = self.scheduler.shared.core.lock();
+        for id in self.ids {
+            core.remove_waiter(*id, self.notify);
+        }
+    }
+}
+
+/// Cancels a foreground agent whose caller went away.
+struct CancelOnDrop {
+    scheduler: Scheduler,
+    id: AgentId,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            // NotFound cannot happen for a live foreground agent; an agent
+            // that ended meanwhile is simply not cancelled.
+            let _ = self
+                .scheduler
+                .cancel(self.id, "the foreground caller went away");
+        }
+    }
+}
+
+/// A run's channel back to the scheduler. Reports after the agent ended
+/// are ignored.
+#[derive(Clone)]
+pub struct RunReporter {
+    scheduler: Scheduler,
+    id: AgentId,
+}
+
+impl std::fmt::Debug for RunReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunReporter").field("id", &self.id).finish()
+    }
+}
+
+impl RunReporter {
+    /// The agent this run belongs to.
+    pub fn agent_id(&self) -> AgentId {
+        self.id
+    }
+
+    /// Appends a line of output to the agent's result.
+    pub fn output(&self, text: &str) {
+        self.scheduler
+            .inspect_mut(|c| c.append_output(self.id, text));
+    }
+
+    /// Adds token usage or tool calls.
+    pub fn usage(&self, usage: Usage) {
+        self.scheduler.inspect_mut(|c| c.add_usage(self.id, usage));
+    }
+
+    /// Pauses the run in AWAITING_APPROVAL for `tool_name`.
+    ///
+    /// Until the Approve RPC exists (issue #4) nothing decides an approval,
+    /// so an approval ends only by cancel or deadline: this future does not
+    /// resolve, and the scheduler drops it when the run ends.
+    pub async fn request_approval(&self, tool_name: &str) {
+        self.scheduler
+            .with_core(|c| c.request_approval(self.id, tool_name));
+        std::future::pending::<()>().await;
+    }
+}
+
+impl Scheduler {
+    /// Mutates the core for a change that cannot start runs.
+    fn inspect_mut<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        f(&mut self.shared.core.lock())
+    }
+}

@@ -1,0 +1,236 @@
+//! Domain types of the scheduler: ids, statuses, the public view of an agent
+//! and the validated spawn specification. None of them know about protobuf.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration, time::SystemTime};
+
+use uuid::Uuid;
+
+/// Server-assigned agent id.
+pub type AgentId = Uuid;
+
+/// Lifecycle state of an agent. See [`crate::scheduler::state`] for the moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AgentStatus {
+    /// Admitted, waiting for a bucket or per-parent slot.
+    Queued,
+    /// Executing.
+    Running,
+    /// Paused until a tool call is approved.
+    AwaitingApproval,
+    /// Finished with a result.
+    Done,
+    /// Failed; the agent's error says why.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl AgentStatus {
+    /// DONE, FAILED and CANCELLED.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Done | Self::Failed | Self::Cancelled)
+    }
+
+    /// Terminal or awaiting approval: what Await and foreground Spawn wait for.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self == Self::AwaitingApproval
+    }
+}
+
+/// A model named as "provider/model".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRef<'a> {
+    /// The part before the first `/`.
+    pub provider: &'a str,
+    /// The part after the first `/`.
+    pub name: &'a str,
+}
+
+impl<'a> ModelRef<'a> {
+    /// Parses "provider/model"; both parts must be non-empty and free of
+    /// whitespace.
+    pub fn parse(s: &'a str) -> Option<Self> {
+        let (provider, name) = s.split_once('/')?;
+        let ok = |p: &str| !p.is_empty() && !p.chars().any(char::is_whitespace);
+        (ok(provider) && ok(name)).then_some(Self { provider, name })
+    }
+}
+
+/// Who counts as an agent's parent for the per-parent limit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ParentKey {
+    /// A root agent without a lead: no per-parent limit applies.
+    None,
+    /// A root agent of a lead (the frontend's own run).
+    Lead(Arc<str>),
+    /// A child of an agent.
+    Agent(AgentId),
+}
+
+/// Why a run failed or was cancelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentError {
+    /// Machine-readable code, e.g. `DEADLINE_EXCEEDED`.
+    pub code: Arc<str>,
+    /// Human-readable message.
+    pub message: Arc<str>,
+}
+
+impl AgentError {
+    /// Builds an error from a code and a message.
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into().into(),
+        }
+    }
+}
+
+/// Error code of a run that outlived its deadline.
+pub const CODE_DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+/// Error code of a cancelled agent.
+pub const CODE_CANCELLED: &str = "CANCELLED";
+/// Error code of a run that reported failure.
+pub const CODE_RUN_FAILED: &str = "RUN_FAILED";
+
+/// A pending approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// Server-generated id.
+    pub id: Uuid,
+    /// Tool the run wants to call.
+    pub tool_name: Arc<str>,
+}
+
+/// Resources a run has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Tool calls.
+    pub tool_calls: u64,
+}
+
+/// Caller labels, shared between the record and every event that shows it.
+pub type Labels = Arc<BTreeMap<String, String>>;
+
+/// The public state of an agent, as Status, Await and events show it.
+///
+/// Cheap to clone: strings are shared, so an event carries a full copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentView {
+    /// Server-assigned id.
+    pub id: AgentId,
+    /// Agent type.
+    pub agent: Arc<str>,
+    /// "provider/model".
+    pub model: Arc<str>,
+    /// Free text.
+    pub description: Arc<str>,
+    /// Parent agent, if any.
+    pub parent_id: Option<AgentId>,
+    /// Root of the tree.
+    pub root_id: AgentId,
+    /// The frontend run the tree belongs to.
+    pub lead_id: Option<Arc<str>>,
+    /// 1 for a root.
+    pub depth: u32,
+    /// Current state.
+    pub status: AgentStatus,
+    /// When the Spawn was accepted.
+    pub created_at: SystemTime,
+    /// When the run first started.
+    pub started_at: Option<SystemTime>,
+    /// When the agent ended.
+    pub finished_at: Option<SystemTime>,
+    /// Output so far / final result.
+    pub result: Arc<str>,
+    /// Why it failed or was cancelled.
+    pub error: Option<AgentError>,
+    /// Set while awaiting approval.
+    pub approval: Option<Approval>,
+    /// Resources used.
+    pub usage: Usage,
+    /// Caller labels.
+    pub labels: Labels,
+    /// Spawned in the background.
+    pub background: bool,
+    /// Survives its parent.
+    pub detached: bool,
+    /// Which limit holds it; only while queued.
+    pub queue_reason: Option<Arc<str>>,
+    /// Bucket key it is counted in.
+    pub bucket: Arc<str>,
+}
+
+impl AgentView {
+    /// Running time so far, or in total once finished; zero if never started.
+    pub fn elapsed(&self, now: SystemTime) -> Duration {
+        match self.started_at {
+            Some(start) => self
+                .finished_at
+                .unwrap_or(now)
+                .duration_since(start)
+                .unwrap_or_default(),
+            None => Duration::ZERO,
+        }
+    }
+}
+
+/// A validated Spawn request.
+#[derive(Debug, Clone, Default)]
+pub struct SpawnSpec {
+    /// Agent type.
+    pub agent: String,
+    /// "provider/model", already checked to parse.
+    pub model: String,
+    /// Instructions; non-empty.
+    pub prompt: String,
+    /// Free text.
+    pub description: String,
+    /// Parent agent.
+    pub parent_id: Option<AgentId>,
+    /// Lead for a root agent (ignored for children, which inherit).
+    pub lead_id: Option<String>,
+    /// Queue and return at once.
+    pub background: bool,
+    /// Caller labels.
+    pub labels: BTreeMap<String, String>,
+    /// Run deadline; None = the configured default.
+    pub timeout: Option<Duration>,
+    /// Deduplication key.
+    pub idempotency_key: Option<String>,
+    /// Survives its parent.
+    pub detached: bool,
+}
+
+/// Filters of Status and WatchAgents; unset fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct AgentFilter {
+    /// Only these agents (empty = any).
+    pub ids: Vec<AgentId>,
+    /// Direct children of this agent.
+    pub parent_id: Option<AgentId>,
+    /// Agents of this tree.
+    pub root_id: Option<AgentId>,
+    /// Agents under this lead.
+    pub lead_id: Option<String>,
+    /// Agents in one of these states (empty = any).
+    pub statuses: Vec<AgentStatus>,
+}
+
+impl AgentFilter {
+    /// Whether the agent passes every set filter.
+    pub fn matches(&self, a: &AgentView) -> bool {
+        (self.ids.is_empty() || self.ids.contains(&a.id))
+            && self.parent_id.is_none_or(|p| a.parent_id == Some(p))
+            && self.root_id.is_none_or(|r| a.root_id == r)
+            && self
+                .lead_id
+                .as_deref()
+                .is_none_or(|l| a.lead_id.as_deref() == Some(l))
+            && (self.statuses.is_empty() || self.statuses.contains(&a.status))
+    }
+}

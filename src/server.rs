@@ -1,0 +1,207 @@
+//! Wiring: the gRPC server (AgentService, health, reflection), the retention
+//! sweeper, config reload and shutdown.
+
+use std::{net::SocketAddr, time::Duration};
+
+use anyhow::Context;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tracing::{error, info, warn};
+
+use crate::{
+    api::service::AgentServiceImpl,
+    cli::ServeArgs,
+    config::{Config, ConfigSource},
+    pb::{self, agent_service_server::AgentServiceServer},
+    scheduler::Scheduler,
+};
+
+/// Health-service name of the API.
+pub const SERVICE_NAME: &str = "subagents.v1.AgentService";
+/// How long shutdown waits for connections to close after cancelling runs.
+const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
+/// HTTP/2 keepalive ping interval: finds dead peers behind silent networks.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a keepalive ping may go unanswered.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running server.
+#[derive(Debug)]
+pub struct ServerHandle {
+    addr: SocketAddr,
+    scheduler: Scheduler,
+    source: ConfigSource,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl ServerHandle {
+    /// The bound address (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The scheduler behind the API.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Re-reads the config from its source and applies limits, run settings
+    /// and agent types. An invalid config is refused and the old one stays.
+    pub fn reload(&self) -> Result<Config, crate::config::ConfigError> {
+        match self.source.load() {
+            Ok(config) => {
+                self.scheduler.reconfigure(&config);
+                info!(
+                    source = %crate::config::describe(self.source.file.as_deref()),
+                    "config reloaded"
+                );
+                Ok(config)
+            }
+            Err(e) => {
+                error!(error = %e, "config reload refused; keeping the current config");
+                Err(e)
+            }
+        }
+    }
+
+    /// Graceful stop: NOT_SERVING, refuse new Spawns, cancel live agents
+    /// (so Await callers and watchers see a terminal state), end watch
+    /// streams, then close the server.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.health
+            .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
+            .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        self.scheduler.begin_shutdown();
+        let cancelled = self.scheduler.cancel_all("server shutting down");
+        info!(cancelled, "shutting down");
+        self.shutdown.cancel();
+        for task in &self.tasks {
+            task.abort();
+        }
+        match tokio::time::timeout(CONNECTION_DRAIN, self.server).await {
+            Ok(joined) => joined.context("server task")?.context("server")?,
+            Err(_) => warn!("connections did not close in time; exiting anyway"),
+        }
+        Ok(())
+    }
+}
+
+/// Starts a server for `config` (loaded from `source`, used again on reload).
+pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<ServerHandle> {
+    let listener = TcpListener::bind(config.listen_addr())
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let addr = listener.local_addr()?;
+    let scheduler = Scheduler::new(&config);
+    let shutdown = CancellationToken::new();
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<AgentServiceServer<AgentServiceImpl>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let service = AgentServiceImpl::new(scheduler.clone(), shutdown.clone());
+
+    let sweeper = {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(scheduler.sweep_interval()).await;
+                scheduler.sweep();
+            }
+        })
+    };
+
+    let server = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(
+            Server::builder()
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                .add_service(health_service)
+                .add_service(reflection_v1)
+                .add_service(reflection_v1alpha)
+                .add_service(AgentServiceServer::new(service))
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener),
+                    shutdown.cancelled_owned(),
+                ),
+        )
+    };
+    info!(%addr, "subagentd listening");
+    Ok(ServerHandle {
+        addr,
+        scheduler,
+        source,
+        health,
+        shutdown,
+        tasks: vec![sweeper],
+        server,
+    })
+}
+
+/// `subagentd serve`: load the config, run until SIGTERM/SIGINT, reload on
+/// SIGHUP.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let source = ConfigSource {
+        file: args.config.clone(),
+        listen: args.listen.clone(),
+    };
+    let config = source.load()?;
+    if args.dump_config {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    init_logging();
+    let handle = start(config, source).await?;
+    wait_for_signals(&handle).await?;
+    handle.shutdown().await
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(unix)]
+async fn wait_for_signals(handle: &ServerHandle) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                // Errors are logged by reload; the old config stays.
+                let _ = handle.reload();
+            }
+            _ = term.recv() => return Ok(()),
+            _ = int.recv() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signals(_handle: &ServerHandle) -> anyhow::Result<()> {
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
