@@ -1,0 +1,198 @@
+//! Shared helpers: a real server on 127.0.0.1:0 and a generated client.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use subagentd::{
+    config::{Config, ConfigSource},
+    pb::{self, agent_service_client::AgentServiceClient},
+    server::{self, ServerHandle},
+};
+use tonic::transport::Channel;
+
+/// A server started for one test, with a connected client.
+pub struct TestServer {
+    pub handle: ServerHandle,
+    pub client: AgentServiceClient<Channel>,
+    /// The config file, when the server was started from one (for reload tests).
+    pub config_file: Option<tempfile::NamedTempFile>,
+}
+
+impl TestServer {
+    /// Starts a server with `toml` as its config (listening on 127.0.0.1:0).
+    pub async fn start(toml: &str) -> Self {
+        let mut config: Config = ConfigSource::from_toml_str(toml).expect("test config is valid");
+        config.server.listen = "127.0.0.1:0".into();
+        Self::start_config(config, ConfigSource::default(), None).await
+    }
+
+    /// Starts a server from a config file that the test may rewrite and
+    /// reload with [`TestServer::reload`].
+    pub async fn start_with_file(toml: &str) -> Self {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), toml).unwrap();
+        let source = ConfigSource {
+            file: Some(file.path().to_owned()),
+            listen: Some("127.0.0.1:0".into()),
+        };
+        let config = source.load().expect("test config is valid");
+        Self::start_config(config, source, Some(file)).await
+    }
+
+    async fn start_config(
+        config: Config,
+        source: ConfigSource,
+        config_file: Option<tempfile::NamedTempFile>,
+    ) -> Self {
+        let handle = server::start(config, source).await.expect("server starts");
+        let client = connect(handle.addr()).await;
+        Self {
+            handle,
+            client,
+            config_file,
+        }
+    }
+
+    /// Another client on its own connection.
+    pub async fn new_client(&self) -> AgentServiceClient<Channel> {
+        connect(self.handle.addr()).await
+    }
+
+    /// Rewrites the config file and reloads it, as SIGHUP does.
+    pub fn rewrite_and_reload(&self, toml: &str) -> Result<Config, subagentd::config::ConfigError> {
+        let file = self.config_file.as_ref().expect("started with a file");
+        std::fs::write(file.path(), toml).unwrap();
+        self.handle.reload()
+    }
+}
+
+pub async fn connect(addr: std::net::SocketAddr) -> AgentServiceClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("client connects");
+    AgentServiceClient::new(channel)
+}
+
+/// A background SpawnRequest of the simulated agent on `model`.
+pub fn bg(model: &str, prompt: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        agent: "simulated".into(),
+        model: model.into(),
+        prompt: prompt.into(),
+        background: true,
+        ..Default::default()
+    }
+}
+
+/// A foreground SpawnRequest of the simulated agent on `model`.
+pub fn fg(model: &str, prompt: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        background: false,
+        ..bg(model, prompt)
+    }
+}
+
+/// Spawns and returns the agent, panicking on error.
+pub async fn spawn(client: &mut AgentServiceClient<Channel>, req: pb::SpawnRequest) -> pb::Agent {
+    client
+        .spawn(req)
+        .await
+        .expect("spawn succeeds")
+        .into_inner()
+        .agent
+        .expect("agent set")
+}
+
+/// Awaits all `ids` (default 30 s timeout) and returns them.
+pub async fn await_all(client: &mut AgentServiceClient<Channel>, ids: &[&str]) -> Vec<pb::Agent> {
+    let resp = client
+        .r#await(pb::AwaitRequest {
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+            timeout: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
+            mode: pb::AwaitMode::All as i32,
+        })
+        .await
+        .expect("await succeeds")
+        .into_inner();
+    assert!(!resp.timed_out, "await timed out");
+    resp.agents
+}
+
+/// Reads one agent.
+pub async fn status_of(client: &mut AgentServiceClient<Channel>, id: &str) -> pb::Agent {
+    client
+        .status(pb::StatusRequest {
+            ids: vec![id.to_owned()],
+            ..Default::default()
+        })
+        .await
+        .expect("status succeeds")
+        .into_inner()
+        .agents
+        .remove(0)
+}
+
+/// Cancels one agent.
+pub async fn cancel(client: &mut AgentServiceClient<Channel>, id: &str) -> Vec<pb::Agent> {
+    client
+        .cancel(pb::CancelRequest {
+            id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("cancel succeeds")
+        .into_inner()
+        .agents
+}
+
+pub fn status(a: &pb::Agent) -> pb::AgentStatus {
+    pb::AgentStatus::try_from(a.status).unwrap()
+}
+
+/// The ErrorInfo reason and metadata of a status.
+pub fn error_info(s: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
+    use tonic_types::StatusExt;
+    let info = s.get_details_error_info().expect("status carries ErrorInfo");
+    assert_eq!(info.domain, "subagentd");
+    (info.reason, info.metadata)
+}
+
+/// The BadRequest field names of a status.
+pub fn violated_fields(s: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    s.get_details_bad_request()
+        .expect("status carries BadRequest")
+        .field_violations
+        .into_iter()
+        .map(|v| v.field)
+        .collect()
+}
+
+/// A watch stream, for waiting on events instead of sleeping.
+pub async fn watch(
+    client: &mut AgentServiceClient<Channel>,
+    req: pb::WatchAgentsRequest,
+) -> tonic::Streaming<pb::WatchAgentsResponse> {
+    client.watch_agents(req).await.expect("watch starts").into_inner()
+}
+
+/// Reads events until one of `kind` arrives for `id`; panics after 10 s.
+pub async fn wait_for_event(
+    stream: &mut tonic::Streaming<pb::WatchAgentsResponse>,
+    id: &str,
+    kind: pb::AgentEventKind,
+) -> pb::WatchAgentsResponse {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let ev = stream.message().await.expect("stream ok").expect("stream open");
+            if ev.kind == kind as i32 && ev.agent.as_ref().map(|a| a.id.as_str()) == Some(id) {
+                return ev;
+            }
+        }
+    })
+    .await
+    .expect("event arrives within 10 s")
+}
