@@ -938,6 +938,12 @@ impl Core {
         }
     }
 
+    /// Registered Await waiters over all agents (tests check that callers
+    /// who went away left none behind).
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.values().map(Vec::len).sum()
+    }
+
     /// Subscribes to events, see [`EventLog::subscribe`].
     pub fn subscribe(
         &mut self,

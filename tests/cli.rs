@@ -1,0 +1,232 @@
+//! The binary as people and scripts use it: `serve` flags and config errors,
+//! and the client subcommands against a real server.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+
+fn subagentd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(args)
+        .env_remove("SUBAGENTD_ADDR")
+        .output()
+        .expect("binary runs")
+}
+
+async fn subagentd_async(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        subagentd(&args)
+    })
+    .await
+    .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn dump_config_prints_the_effective_config_with_env_overrides() {
+    let out = Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(["serve", "--dump-config", "--listen", "127.0.0.1:6000"])
+        .env("SUBAGENTD_LIMITS__MAX_BACKGROUND_AGENTS", "11")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("max_background_agents = 11"), "{text}");
+    assert!(text.contains("listen = \"127.0.0.1:6000\""), "{text}");
+    assert!(text.contains("default_timeout = \"30m\""), "{text}");
+    assert!(text.contains("[agents.simulated]"), "{text}");
+}
+
+#[test]
+fn an_invalid_config_exits_non_zero_naming_the_key_and_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[limits]\nmax_background_agents = 0\n").unwrap();
+    let out = subagentd(&["serve", "--config", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("max_background_agents") && err.contains("≥ 1"),
+        "{err}"
+    );
+
+    let out = subagentd(&["serve", "--config", "/nonexistent/subagentd.toml"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn client_subcommands_round_trip_and_report_errors_with_exit_codes() {
+    let s = TestServer::start("").await;
+    let addr = format!("http://{}", s.handle.addr());
+
+    // Foreground spawn prints the finished agent as JSON.
+    let out = subagentd_async(
+        [
+            "spawn",
+            "--addr",
+            &addr,
+            "--json",
+            "--agent",
+            "simulated",
+            "--model",
+            "acme/m",
+            "--prompt",
+            "hello",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let agent: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(agent["status"], "AGENT_STATUS_DONE");
+    assert_eq!(agent["result"], "hello");
+    let id = agent["id"].as_str().unwrap().to_owned();
+
+    // Status by id.
+    let out = subagentd_async(
+        ["status", "--addr", &addr, "--json", &id]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&id));
+
+    // Await that times out exits 2.
+    let out = subagentd_async(
+        [
+            "spawn",
+            "--addr",
+            &addr,
+            "--json",
+            "--background",
+            "--agent",
+            "simulated",
+            "--model",
+            "acme/m",
+            "--prompt",
+            "wait_steer",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let waiting: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let waiting_id = waiting["id"].as_str().unwrap().to_owned();
+    let out = subagentd_async(
+        ["await", "--addr", &addr, "--timeout", "50ms", &waiting_id]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // Steer then await succeeds.
+    let out = subagentd_async(
+        ["steer", "--addr", &addr, &waiting_id, "go"]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = subagentd_async(
+        [
+            "await",
+            "--addr",
+            &addr,
+            "--json",
+            "--timeout",
+            "10s",
+            &waiting_id,
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("steer: go"), "{}", stdout(&out));
+
+    // An error status exits 1 and prints the code and the reason.
+    let out = subagentd_async(
+        [
+            "spawn", "--addr", &addr, "--agent", "nope", "--model", "a/b", "--prompt", "x",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("INVALID_ARGUMENT") && err.contains("UNKNOWN_AGENT_TYPE"),
+        "{err}"
+    );
+
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let out = subagentd_async(
+        ["cancel", "--addr", &addr, "--id", &unknown]
+            .map(String::from)
+            .to_vec(),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("NOT_FOUND"), "{}", stderr(&out));
+
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_await_whose_client_went_away_leaves_no_waiter_behind() {
+    let s = TestServer::start("").await;
+    let mut client = s.client.clone();
+    let agent = spawn(&mut client, bg("acme/m", "wait_steer")).await;
+    let mut waiter_client = s.new_client().await;
+    let id = agent.id.clone();
+    let call = tokio::spawn(async move {
+        waiter_client
+            .r#await(subagentd::pb::AwaitRequest {
+                ids: vec![id],
+                timeout: Some(prost_types::Duration {
+                    seconds: 600,
+                    nanos: 0,
+                }),
+                mode: 0,
+            })
+            .await
+    });
+    let scheduler = s.handle.scheduler().clone();
+    // The waiter appears once the server is inside the Await...
+    wait_until(|| scheduler.inspect(|c| c.waiter_count()) == 1).await;
+    call.abort();
+    // ...and is gone once the server notices the cancelled call.
+    wait_until(|| scheduler.inspect(|c| c.waiter_count()) == 0).await;
+    s.handle.shutdown().await.unwrap();
+}
+
+/// Polls a server-internal condition that has no event (bounded, 10 s).
+async fn wait_until(cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached in 10 s"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
