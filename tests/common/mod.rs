@@ -111,7 +111,10 @@ pub async fn await_all(client: &mut AgentServiceClient<Channel>, ids: &[&str]) -
     let resp = client
         .r#await(pb::AwaitRequest {
             ids: ids.iter().map(|s| s.to_string()).collect(),
-            timeout: Some(prost_types::Duration { seconds: 30, nanos: 0 }),
+            timeout: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
             mode: pb::AwaitMode::All as i32,
         })
         .await
@@ -155,7 +158,9 @@ pub fn status(a: &pb::Agent) -> pb::AgentStatus {
 /// The ErrorInfo reason and metadata of a status.
 pub fn error_info(s: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
     use tonic_types::StatusExt;
-    let info = s.get_details_error_info().expect("status carries ErrorInfo");
+    let info = s
+        .get_details_error_info()
+        .expect("status carries ErrorInfo");
     assert_eq!(info.domain, "subagentd");
     (info.reason, info.metadata)
 }
@@ -176,7 +181,11 @@ pub async fn watch(
     client: &mut AgentServiceClient<Channel>,
     req: pb::WatchAgentsRequest,
 ) -> tonic::Streaming<pb::WatchAgentsResponse> {
-    client.watch_agents(req).await.expect("watch starts").into_inner()
+    client
+        .watch_agents(req)
+        .await
+        .expect("watch starts")
+        .into_inner()
 }
 
 /// Reads events until one of `kind` arrives for `id`; panics after 10 s.
@@ -187,7 +196,11 @@ pub async fn wait_for_event(
 ) -> pb::WatchAgentsResponse {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let ev = stream.message().await.expect("stream ok").expect("stream open");
+            let ev = stream
+                .message()
+                .await
+                .expect("stream ok")
+                .expect("stream open");
             if ev.kind == kind as i32 && ev.agent.as_ref().map(|a| a.id.as_str()) == Some(id) {
                 return ev;
             }
