@@ -1,0 +1,208 @@
+//! Command line of `subagentd-bench`. Every flag's help states its default and
+//! unit, so `--help` is the reference for how the numbers were produced.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::scenarios::Scenario;
+
+/// Exit status, shown under `--help`: CI runs `run --duration 1s` as a smoke
+/// test, so breakage (an error status, a server that does not start) must
+/// fail it, while a slow shared machine must not.
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  every request got the expected answer and every server started and stopped
+     cleanly (missed performance targets do NOT change the exit status)
+  1  some response carried an error status or an unexpected body, a watcher
+     stream failed, or a server failed to start or exited uncleanly
+  2  invalid command line";
+
+/// `subagentd-bench`: load generator and memory probe for subagentd.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "subagentd-bench",
+    about = "Load generator for subagentd: compares it with a no-op gRPC server in the same run.",
+    long_about = "Load generator for subagentd: compares it with a no-op gRPC server in the same \
+                  run.\n\n\
+                  Both servers run as child processes on 127.0.0.1 (the no-op one is this \
+                  binary re-executed; subagentd is the `subagentd` binary next to this one, \
+                  built by `cargo build --release --bins`), so their CPU time and peak RSS are \
+                  read from /proc apart from the client's. Client and servers share the \
+                  machine's cores: compare ratios measured in one run, not absolute numbers \
+                  across runs.",
+    after_help = EXIT_STATUS_HELP
+)]
+pub struct Cli {
+    /// What to measure.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// A `subagentd-bench` subcommand.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Throughput and latency of each scenario at each concurrency, with
+    /// ratios to the no-op baseline, server CPU per request, peak RSS and a
+    /// verdict on the issue's targets.
+    ///
+    /// Scenarios:
+    ///   baseline          Spawn against the no-op server (returns a prebuilt
+    ///                     SpawnResponse): what gRPC itself costs here.
+    ///   bg-spawn          background Spawn of `simulated`/`bench/m`, prompt
+    ///                     `hi` (the run finishes at once).
+    ///   fg-spawn          foreground Spawn, same prompt: spawn + run + complete
+    ///                     in one call.
+    ///   status            Status by the id of one running agent spawned before
+    ///                     the load.
+    ///   bg-spawn-watched  bg-spawn while --watchers WatchAgents subscribers
+    ///                     (opened before the load, on their own connections)
+    ///                     receive every event; reports events/s received by
+    ///                     all watchers and the largest lag.
+    ///
+    /// Each scenario gets a fresh server process (so peak RSS is per
+    /// scenario); the concurrencies run one after another against it.
+    #[command(verbatim_doc_comment, after_help = EXIT_STATUS_HELP)]
+    Run(RunArgs),
+    /// RSS per retained finished agent: for each N, a fresh subagentd
+    /// (retention 1h, wide limits), idle RSS, N background spawns of prompt
+    /// `hi` (result `hi`), wait until all are DONE (Await), RSS again.
+    ///
+    /// Reports (RSS after − idle RSS) / N as bytes per agent.
+    #[command(after_help = EXIT_STATUS_HELP)]
+    Memory(MemoryArgs),
+    /// Internal: the no-op baseline server `run` starts as a child process.
+    #[command(hide = true)]
+    NoopServer(NoopServerArgs),
+}
+
+/// How to find and start the subagentd binary.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The subagentd binary to measure. Default: `subagentd` in the same
+    /// folder as this binary (cargo builds both with `cargo build --bins`).
+    #[arg(long, value_name = "PATH")]
+    pub server_bin: Option<PathBuf>,
+    /// How long a server may take to answer its health check after start.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub startup_timeout: Duration,
+}
+
+/// Flags of `subagentd-bench run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Timed run per scenario and concurrency (e.g. `1s`, `5s`, `500ms`).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub duration: Duration,
+    /// Untimed load before each timed run (connections warm, allocator and
+    /// caches settled). Its latencies are dropped, but its error statuses
+    /// still count.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub warmup: Duration,
+    /// Concurrent in-flight requests (closed loop: each one sends its next
+    /// request when the previous answer arrives), comma-separated list.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,16,64",
+        value_parser = parse_positive,
+        value_name = "N,…"
+    )]
+    pub concurrency: Vec<usize>,
+    /// HTTP/2 connections the load is spread over (requests round-robin
+    /// over them by task).
+    #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
+    pub connections: usize,
+    /// WatchAgents subscribers in the bg-spawn-watched scenario.
+    #[arg(long, default_value = "100", value_parser = parse_positive, value_name = "N")]
+    pub watchers: usize,
+    /// HTTP/2 connections the watchers share (separate from the load's).
+    #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
+    pub watcher_connections: usize,
+    /// Scenarios to run, in this order, comma-separated. Ratios need
+    /// `baseline`; the watched verdict needs `bg-spawn` too.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "baseline,bg-spawn,fg-spawn,status,bg-spawn-watched",
+        value_name = "NAME,…"
+    )]
+    pub scenarios: Vec<Scenario>,
+    /// Print one JSON document on stdout instead of the table (progress
+    /// still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of `subagentd-bench memory`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MemoryArgs {
+    /// Numbers of agents to retain, one fresh server each, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "100000,1000000",
+        value_parser = parse_positive,
+        value_name = "N,…"
+    )]
+    pub agents: Vec<usize>,
+    /// Concurrent Spawn calls while filling the server.
+    #[arg(long, default_value = "64", value_parser = parse_positive, value_name = "N")]
+    pub concurrency: usize,
+    /// HTTP/2 connections the spawns are spread over.
+    #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
+    pub connections: usize,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of the hidden `noop-server` subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NoopServerArgs {
+    /// Address to listen on.
+    #[arg(long)]
+    pub listen: SocketAddr,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(d)
+}
+
+fn parse_positive(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_defaults_match_the_issue() {
+        let cli = Cli::try_parse_from(["subagentd-bench", "run"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(args.duration, Duration::from_secs(5));
+        assert_eq!(args.concurrency, vec![1, 16, 64]);
+        assert_eq!(args.watchers, 100);
+        assert_eq!(args.scenarios.len(), 5);
+    }
+}

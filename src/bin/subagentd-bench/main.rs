@@ -1,0 +1,48 @@
+//! `subagentd-bench`: the load generator of issue 3 ("Benchmarks").
+//!
+//! It measures subagentd against the raw-gRPC limit *in the same run on the
+//! same machine*: absolute numbers drift ±15 % run to run on shared machines,
+//! ratios measured side by side hold. Every server it measures is a child
+//! process (a no-op tonic server, which is this binary re-executed, and the
+//! real `subagentd` binary), so the server's CPU time and peak RSS can be read
+//! from `/proc` apart from the client's.
+//!
+//! - `run`: the throughput/latency scenarios, a table with ratios to the
+//!   baseline, and a verdict on the targets this tool can check.
+//! - `memory`: RSS per retained finished agent.
+//!
+//! Module map: [`cli`] (flags), [`servers`] (child processes and the no-op
+//! server), [`load`] (the closed-loop driver, histograms, watchers),
+//! [`scenarios`] (what each scenario sends and the `run` sequence),
+//! [`report`] (table, JSON, verdicts), [`memory`] (the `memory` subcommand),
+//! [`procfs`] (CPU time and RSS from `/proc`).
+
+mod cli;
+mod load;
+mod memory;
+mod procfs;
+mod report;
+mod scenarios;
+mod servers;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Run(args) => scenarios::run(args).await,
+        Command::Memory(args) => memory::run(args).await,
+        Command::NoopServer(args) => servers::noop::serve(args.listen)
+            .await
+            .map(|()| ExitCode::SUCCESS),
+    };
+    outcome.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,675 @@
+//! Results as a table for people and as one JSON document for scripts, plus
+//! the verdict on the issue's targets that these measurements can decide.
+//!
+//! Ratios to the baseline are the numbers to read: both were measured in the
+//! same run on the same machine, so the machine's noise mostly cancels.
+//! Verdicts never change the exit status (no timing assertions in CI); only
+//! errors and server failures do.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::Serialize;
+
+use crate::{cli::RunArgs, load::LoadResult, procfs, scenarios::Scenario};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Target: bg-spawn requests/s ≥ this × baseline at concurrency 64.
+const BG_SPAWN_THROUGHPUT_TARGET: f64 = 0.8;
+/// Target: bg-spawn p99 ≤ this × baseline p99 at concurrency 16.
+const BG_SPAWN_P99_TARGET: f64 = 1.5;
+/// Target: events/s delivered to all watchers together.
+const WATCH_EVENTS_TARGET: f64 = 1_000_000.0;
+/// Target: bg-spawn-watched requests/s ≥ this × bg-spawn.
+const WATCHED_THROUGHPUT_TARGET: f64 = 0.9;
+/// Target: bytes per retained finished agent beyond its prompt and result.
+const BYTES_PER_AGENT_TARGET: f64 = 1024.0;
+/// Target: idle RSS, MiB.
+const IDLE_RSS_TARGET_MIB: f64 = 20.0;
+
+/// Everything `run` measured.
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    /// Cores and CPU model.
+    pub machine: String,
+    /// `release` or `debug` (a debug run is a smoke test, not a measurement).
+    pub build: &'static str,
+    /// The flags that shaped the run.
+    pub settings: RunSettings,
+    /// One row per scenario and concurrency.
+    pub rows: Vec<Row>,
+    /// The issue's targets this run can decide.
+    pub verdicts: Vec<Verdict>,
+    /// Servers that failed to start or stop, setups that failed.
+    pub failures: Vec<Failure>,
+}
+
+/// The flags of a `run`.
+#[derive(Debug, Serialize)]
+pub struct RunSettings {
+    /// Timed phase per row, seconds.
+    pub duration_s: f64,
+    /// Warm-up per row, seconds.
+    pub warmup_s: f64,
+    /// HTTP/2 connections of the load.
+    pub connections: usize,
+    /// Watchers in bg-spawn-watched.
+    pub watchers: usize,
+    /// Connections the watchers share.
+    pub watcher_connections: usize,
+    /// Concurrencies, in order.
+    pub concurrency: Vec<usize>,
+    /// Scenarios, in order.
+    pub scenarios: Vec<Scenario>,
+}
+
+/// Something that went wrong outside of counted answers.
+#[derive(Debug, Serialize)]
+pub struct Failure {
+    /// The scenario it happened in, if any.
+    pub scenario: Option<Scenario>,
+    /// What happened.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of `scenario`.
+    pub fn new(scenario: Option<Scenario>, message: impl Into<String>) -> Self {
+        Self {
+            scenario,
+            message: message.into(),
+        }
+    }
+}
+
+/// One scenario at one concurrency.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// Scenario.
+    pub scenario: Scenario,
+    /// In-flight requests.
+    pub concurrency: usize,
+    /// Answers in the timed phase.
+    pub requests: u64,
+    /// Length of the timed phase (to the last answer), seconds.
+    pub elapsed_s: f64,
+    /// Answers per second.
+    pub requests_per_s: f64,
+    /// Latency percentiles and maximum, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// 99.9th percentile, ms.
+    pub p999_ms: f64,
+    /// Slowest answer, ms.
+    pub max_ms: f64,
+    /// Non-OK answers (warm-up included) by status code name, or
+    /// `BAD_RESPONSE`. Empty when all were OK.
+    pub errors: BTreeMap<String, u64>,
+    /// requests/s ÷ baseline requests/s at the same concurrency.
+    pub rps_vs_baseline: Option<f64>,
+    /// p99 ÷ baseline p99 at the same concurrency.
+    pub p99_vs_baseline: Option<f64>,
+    /// Server user+system CPU seconds per 1000 timed answers.
+    pub server_cpu_s_per_1k: f64,
+    /// The same for the load client (it shares the cores with the server).
+    pub client_cpu_s_per_1k: f64,
+    /// Server VmHWM after this row: the scenario's peak RSS so far, MiB.
+    pub server_peak_rss_mib: f64,
+    /// Watcher results, for bg-spawn-watched.
+    pub watch: Option<WatchStats>,
+}
+
+/// What the watchers saw during one timed phase.
+#[derive(Debug, Serialize)]
+pub struct WatchStats {
+    /// Open watchers.
+    pub watchers: usize,
+    /// Events received by all watchers during the timed phase.
+    pub events: u64,
+    /// `events` per second of the timed phase.
+    pub events_per_s: f64,
+    /// Largest receive time − newest agent timestamp of any event, ms.
+    pub max_lag_ms: f64,
+    /// Streams that ended, by status code name (or `STREAM_ENDED`).
+    pub stream_errors: BTreeMap<String, u64>,
+}
+
+/// The raw numbers of one timed phase, for [`Row::new`].
+#[derive(Debug)]
+pub struct Measurement<'a> {
+    /// The driver's result.
+    pub result: &'a LoadResult,
+    /// Server CPU during the timed phase, seconds.
+    pub server_cpu_s: f64,
+    /// Client CPU during the timed phase, seconds.
+    pub client_cpu_s: f64,
+    /// Server VmHWM, bytes.
+    pub server_peak_rss_bytes: u64,
+}
+
+impl Row {
+    /// A row from one timed phase; ratios are filled by [`RunReport::finish`].
+    pub fn new(
+        scenario: Scenario,
+        concurrency: usize,
+        m: Measurement<'_>,
+        watch: Option<WatchStats>,
+    ) -> Self {
+        let h = &m.result.histogram;
+        let ms = |micros: u64| micros as f64 / 1000.0;
+        let per_1k = |cpu_s: f64| cpu_s * 1000.0 / (m.result.requests().max(1) as f64);
+        Self {
+            scenario,
+            concurrency,
+            requests: m.result.requests(),
+            elapsed_s: m.result.elapsed.as_secs_f64(),
+            requests_per_s: m.result.requests_per_second(),
+            p50_ms: ms(h.value_at_quantile(0.5)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+            errors: m.result.errors(),
+            rps_vs_baseline: None,
+            p99_vs_baseline: None,
+            server_cpu_s_per_1k: per_1k(m.server_cpu_s),
+            client_cpu_s_per_1k: per_1k(m.client_cpu_s),
+            server_peak_rss_mib: m.server_peak_rss_bytes as f64 / MIB,
+            watch,
+        }
+    }
+}
+
+/// Whether a target was met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictStatus {
+    /// Met.
+    Met,
+    /// Not met.
+    NotMet,
+    /// This run lacks the rows to decide.
+    NotMeasured,
+}
+
+/// One target of the issue and how this run did.
+#[derive(Debug, Serialize)]
+pub struct Verdict {
+    /// The target, as the issue states it.
+    pub target: String,
+    /// Met, not met, or not measured.
+    pub status: VerdictStatus,
+    /// The numbers behind it.
+    pub detail: String,
+}
+
+impl Verdict {
+    fn decide(target: &str, measured: Option<(bool, String)>, missing: &str) -> Self {
+        let (status, detail) = match measured {
+            Some((true, detail)) => (VerdictStatus::Met, detail),
+            Some((false, detail)) => (VerdictStatus::NotMet, detail),
+            None => (VerdictStatus::NotMeasured, format!("needs {missing}")),
+        };
+        Self {
+            target: target.to_owned(),
+            status,
+            detail,
+        }
+    }
+}
+
+fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+impl RunReport {
+    /// An empty report for `args`.
+    pub fn new(args: &RunArgs) -> Self {
+        Self {
+            machine: procfs::machine_description(),
+            build: build_profile(),
+            settings: RunSettings {
+                duration_s: args.duration.as_secs_f64(),
+                warmup_s: args.warmup.as_secs_f64(),
+                connections: args.connections,
+                watchers: args.watchers,
+                watcher_connections: args.watcher_connections,
+                concurrency: args.concurrency.clone(),
+                scenarios: args.scenarios.clone(),
+            },
+            rows: Vec::new(),
+            verdicts: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    fn row(&self, scenario: Scenario, concurrency: usize) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|r| r.scenario == scenario && r.concurrency == concurrency)
+    }
+
+    /// Fills the ratios to the baseline and decides the verdicts.
+    pub fn finish(&mut self) {
+        let baselines: Vec<(usize, f64, f64)> = self
+            .rows
+            .iter()
+            .filter(|r| r.scenario == Scenario::Baseline)
+            .map(|r| (r.concurrency, r.requests_per_s, r.p99_ms))
+            .collect();
+        for row in &mut self.rows {
+            if let Some(&(_, rps, p99)) = baselines.iter().find(|b| b.0 == row.concurrency) {
+                row.rps_vs_baseline = ratio(row.requests_per_s, rps);
+                row.p99_vs_baseline = ratio(row.p99_ms, p99);
+            }
+        }
+        self.verdicts = self.verdicts();
+    }
+
+    fn verdicts(&self) -> Vec<Verdict> {
+        let base64 = self.row(Scenario::Baseline, 64);
+        let bg64 = self.row(Scenario::BgSpawn, 64);
+        let base16 = self.row(Scenario::Baseline, 16);
+        let bg16 = self.row(Scenario::BgSpawn, 16);
+        let watched64 = self.row(Scenario::BgSpawnWatched, 64);
+        let watch64 = watched64.and_then(|r| r.watch.as_ref());
+        vec![
+            Verdict::decide(
+                "background Spawn throughput ≥ 0.8 × baseline at concurrency 64",
+                base64.zip(bg64).map(|(b, s)| {
+                    let r = s.requests_per_s / b.requests_per_s;
+                    (
+                        r >= BG_SPAWN_THROUGHPUT_TARGET,
+                        format!(
+                            "{:.0} vs {:.0} req/s = {r:.2}×",
+                            s.requests_per_s, b.requests_per_s
+                        ),
+                    )
+                }),
+                "baseline and bg-spawn at concurrency 64",
+            ),
+            Verdict::decide(
+                "background Spawn p99 ≤ 1.5 × baseline p99 at concurrency 16",
+                base16.zip(bg16).map(|(b, s)| {
+                    let r = s.p99_ms / b.p99_ms;
+                    (
+                        r <= BG_SPAWN_P99_TARGET,
+                        format!("{:.3} vs {:.3} ms = {r:.2}×", s.p99_ms, b.p99_ms),
+                    )
+                }),
+                "baseline and bg-spawn at concurrency 16",
+            ),
+            Verdict::decide(
+                "with 100 watchers: ≥ 1M events/s delivered in total (concurrency 64)",
+                watch64.map(|w| {
+                    let mut detail =
+                        format!("{:.0} events/s to {} watchers", w.events_per_s, w.watchers);
+                    if w.watchers != 100 {
+                        detail.push_str(" (the target is stated for 100 watchers)");
+                    }
+                    (w.events_per_s >= WATCH_EVENTS_TARGET, detail)
+                }),
+                "bg-spawn-watched at concurrency 64",
+            ),
+            Verdict::decide(
+                "with 100 watchers: Spawn throughput ≥ 0.9 × without watchers (concurrency 64)",
+                watched64.zip(bg64).map(|(w, s)| {
+                    let r = w.requests_per_s / s.requests_per_s;
+                    (
+                        r >= WATCHED_THROUGHPUT_TARGET,
+                        format!(
+                            "{:.0} vs {:.0} req/s = {r:.2}×",
+                            w.requests_per_s, s.requests_per_s
+                        ),
+                    )
+                }),
+                "bg-spawn and bg-spawn-watched at concurrency 64",
+            ),
+        ]
+    }
+
+    /// True if anything must fail the exit status: an error answer, a
+    /// failed watcher stream, or a failure.
+    pub fn saw_errors(&self) -> bool {
+        !self.failures.is_empty()
+            || self.rows.iter().any(|r| {
+                !r.errors.is_empty()
+                    || r.watch
+                        .as_ref()
+                        .is_some_and(|w| !w.stream_errors.is_empty())
+            })
+    }
+}
+
+fn ratio(value: f64, base: f64) -> Option<f64> {
+    (base > 0.0).then(|| value / base)
+}
+
+/// The human-readable `run` report.
+pub fn render_run(report: &RunReport) -> String {
+    let s = &report.settings;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nsubagentd-bench run — {} build, {}\n{} s timed + {} s warm-up per row, {} connections; \
+         ratios are to the baseline at the same concurrency",
+        report.build, report.machine, s.duration_s, s.warmup_s, s.connections
+    );
+    let headers = [
+        "scenario",
+        "conc",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "req/s ×base",
+        "p99 ×base",
+        "srv CPU s/1k",
+        "cli CPU s/1k",
+        "srv peak RSS MiB",
+    ];
+    let rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.scenario.to_string(),
+                r.concurrency.to_string(),
+                format!("{:.0}", r.requests_per_s),
+                format!("{:.3}", r.p50_ms),
+                format!("{:.3}", r.p99_ms),
+                format!("{:.3}", r.p999_ms),
+                errors_cell(&r.errors),
+                r.rps_vs_baseline
+                    .map_or("-".to_owned(), |x| format!("{x:.2}")),
+                r.p99_vs_baseline
+                    .map_or("-".to_owned(), |x| format!("{x:.2}")),
+                format!("{:.4}", r.server_cpu_s_per_1k),
+                format!("{:.4}", r.client_cpu_s_per_1k),
+                format!("{:.1}", r.server_peak_rss_mib),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&render_table(&headers, &rows));
+
+    let watch_rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .filter_map(|r| r.watch.as_ref().map(|w| (r, w)))
+        .map(|(r, w)| {
+            vec![
+                r.scenario.to_string(),
+                r.concurrency.to_string(),
+                w.watchers.to_string(),
+                format!("{:.0}", w.events_per_s),
+                format!("{:.1}", w.max_lag_ms),
+                errors_cell(&w.stream_errors),
+            ]
+        })
+        .collect();
+    if !watch_rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nwatchers ({} connections; lag = receive time − newest agent timestamp)",
+            s.watcher_connections
+        );
+        out.push_str(&render_table(
+            &[
+                "scenario",
+                "conc",
+                "watchers",
+                "events/s (all)",
+                "max lag ms",
+                "stream errors",
+            ],
+            &watch_rows,
+        ));
+    }
+    render_verdicts(&mut out, &report.verdicts);
+    render_failures(&mut out, &report.failures);
+    out
+}
+
+/// Everything `memory` measured.
+#[derive(Debug, Serialize)]
+pub struct MemoryReport {
+    /// Cores and CPU model.
+    pub machine: String,
+    /// `release` or `debug`.
+    pub build: &'static str,
+    /// Concurrent spawns while filling.
+    pub concurrency: usize,
+    /// Connections the spawns used.
+    pub connections: usize,
+    /// One row per number of agents.
+    pub rows: Vec<MemoryRow>,
+    /// The memory targets.
+    pub verdicts: Vec<Verdict>,
+    /// Servers that failed to start or stop, measurements that failed.
+    pub failures: Vec<Failure>,
+}
+
+/// One `memory` measurement.
+#[derive(Debug, Serialize)]
+pub struct MemoryRow {
+    /// Agents asked for.
+    pub agents: usize,
+    /// Agents confirmed DONE (by Await) when RSS was read.
+    pub done: u64,
+    /// Non-OK answers by name (spawns and awaits), or agents not DONE
+    /// (`BAD_RESPONSE`).
+    pub errors: BTreeMap<String, u64>,
+    /// Time to send all spawns, seconds.
+    pub spawn_s: f64,
+    /// Spawns per second while filling.
+    pub spawns_per_s: f64,
+    /// Time to confirm all DONE afterwards, seconds.
+    pub await_s: f64,
+    /// VmRSS once ready, before any agent, MiB.
+    pub idle_rss_mib: f64,
+    /// VmRSS with every agent DONE and retained, MiB.
+    pub rss_after_mib: f64,
+    /// VmHWM at the end, MiB.
+    pub peak_rss_mib: f64,
+    /// (RSS after − idle RSS) / done.
+    pub bytes_per_agent: f64,
+    /// Prompt + result text per agent, bytes (the target excludes it).
+    pub text_bytes_per_agent: usize,
+}
+
+impl MemoryReport {
+    /// An empty report.
+    pub fn new(concurrency: usize, connections: usize) -> Self {
+        Self {
+            machine: procfs::machine_description(),
+            build: build_profile(),
+            concurrency,
+            connections,
+            rows: Vec::new(),
+            verdicts: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// Decides the verdicts.
+    pub fn finish(&mut self) {
+        let mut verdicts: Vec<Verdict> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let beyond_text = r.bytes_per_agent - r.text_bytes_per_agent as f64;
+                Verdict::decide(
+                    &format!(
+                        "≤ 1 KiB per retained finished agent beyond prompt and result ({} agents)",
+                        r.agents
+                    ),
+                    Some((
+                        beyond_text <= BYTES_PER_AGENT_TARGET,
+                        format!(
+                            "{:.0} B/agent − {} B text = {beyond_text:.0} B",
+                            r.bytes_per_agent, r.text_bytes_per_agent
+                        ),
+                    )),
+                    "",
+                )
+            })
+            .collect();
+        let idle = self.rows.iter().map(|r| r.idle_rss_mib).reduce(f64::max);
+        verdicts.push(Verdict::decide(
+            "idle RSS ≤ 20 MB (read as MiB)",
+            idle.map(|mib| {
+                (
+                    mib <= IDLE_RSS_TARGET_MIB,
+                    format!("largest idle RSS {mib:.1} MiB"),
+                )
+            }),
+            "one memory row",
+        ));
+        self.verdicts = verdicts;
+    }
+
+    /// True if anything must fail the exit status.
+    pub fn saw_errors(&self) -> bool {
+        !self.failures.is_empty() || self.rows.iter().any(|r| !r.errors.is_empty())
+    }
+}
+
+/// The human-readable `memory` report.
+pub fn render_memory(report: &MemoryReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nsubagentd-bench memory — {} build, {}\nbackground spawns of prompt `hi` (result `hi`), \
+         concurrency {} over {} connections, retention 1h",
+        report.build, report.machine, report.concurrency, report.connections
+    );
+    let rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.agents.to_string(),
+                r.done.to_string(),
+                errors_cell(&r.errors),
+                format!("{:.0}", r.spawns_per_s),
+                format!("{:.1}", r.await_s),
+                format!("{:.1}", r.idle_rss_mib),
+                format!("{:.1}", r.rss_after_mib),
+                format!("{:.1}", r.peak_rss_mib),
+                format!("{:.0}", r.bytes_per_agent),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&render_table(
+        &[
+            "agents",
+            "done",
+            "errors",
+            "spawns/s",
+            "await s",
+            "idle RSS MiB",
+            "RSS after MiB",
+            "peak RSS MiB",
+            "bytes/agent",
+        ],
+        &rows,
+    ));
+    render_verdicts(&mut out, &report.verdicts);
+    render_failures(&mut out, &report.failures);
+    out
+}
+
+fn render_verdicts(out: &mut String, verdicts: &[Verdict]) {
+    if verdicts.is_empty() {
+        return;
+    }
+    out.push_str("\ntargets (never change the exit status):\n");
+    for v in verdicts {
+        let status = match v.status {
+            VerdictStatus::Met => "met",
+            VerdictStatus::NotMet => "NOT MET",
+            VerdictStatus::NotMeasured => "not measured",
+        };
+        let _ = writeln!(out, "  [{status:^12}] {}: {}", v.target, v.detail);
+    }
+}
+
+fn render_failures(out: &mut String, failures: &[Failure]) {
+    if failures.is_empty() {
+        return;
+    }
+    out.push_str("\nfailures:\n");
+    for f in failures {
+        let scope = f.scenario.map_or("-".to_owned(), |s| s.to_string());
+        let _ = writeln!(out, "  [{scope}] {}", f.message.replace('\n', "\n    "));
+    }
+}
+
+fn errors_cell(errors: &BTreeMap<String, u64>) -> String {
+    if errors.is_empty() {
+        return "-".to_owned();
+    }
+    errors
+        .iter()
+        .map(|(name, n)| format!("{name}:{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A plain-text table: first column left-aligned, the others right-aligned.
+fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([headers[i].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..headers.len()).map(width).collect();
+    let line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i == 0 {
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad));
+            } else {
+                text.push_str("  ");
+                text.push_str(&" ".repeat(pad));
+                text.push_str(cell);
+            }
+        }
+        text.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    let rules: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+    out.push_str(&line(rules.iter().map(String::as_str).collect()));
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let table = render_table(
+            &["name", "n"],
+            &[
+                vec!["a".into(), "1".into()],
+                vec!["long".into(), "100".into()],
+            ],
+        );
+        assert_eq!(table, "name    n\n----  ---\na       1\nlong  100\n");
+    }
+}

@@ -1,0 +1,279 @@
+//! `subagentd-bench run`: what each scenario sends, and the sequence of one
+//! run (fresh server per scenario, every concurrency against it, server
+//! counters sampled around each timed phase).
+
+use std::{fmt, net::SocketAddr, process::ExitCode, time::Duration};
+
+use anyhow::Context;
+use subagentd::pb::{self, agent_service_client::AgentServiceClient};
+use tonic::transport::Channel;
+
+use crate::{
+    cli::RunArgs,
+    load::{self, watchers::Watchers, LoadPlan, Workload},
+    procfs::{self, Pid},
+    report::{self, Failure, Measurement, Row, RunReport, WatchStats},
+    servers::{self, ServerKind, ServerProcess},
+};
+
+/// Prompt of the agent the `status` scenario reads: it sleeps an hour, so it
+/// stays RUNNING (and retained) however long the run is.
+const STATUS_TARGET_PROMPT: &str = "sleep 3600000";
+
+/// One benchmark scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Spawn against the no-op server: the cost of gRPC itself.
+    Baseline,
+    /// Background Spawn of an agent that finishes at once.
+    BgSpawn,
+    /// Foreground Spawn: spawn, run and complete in one call.
+    FgSpawn,
+    /// Status by the id of one running agent.
+    Status,
+    /// Background Spawn while WatchAgents subscribers receive every event.
+    BgSpawnWatched,
+}
+
+impl Scenario {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Baseline => "baseline",
+            Scenario::BgSpawn => "bg-spawn",
+            Scenario::FgSpawn => "fg-spawn",
+            Scenario::Status => "status",
+            Scenario::BgSpawnWatched => "bg-spawn-watched",
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Runs every scenario, prints the report, and turns breakage (not missed
+/// targets) into a failing exit status.
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "note: this is a debug build: fine as a smoke test, meaningless as a measurement \
+             (use `cargo build --release --bins` and target/release/subagentd-bench)"
+        );
+    }
+    let needs_subagentd = args.scenarios.iter().any(|&s| s != Scenario::Baseline);
+    let subagentd = if needs_subagentd {
+        Some(
+            servers::subagentd_bin(args.server.server_bin.as_deref()).map_err(|e| format!("{e:#}")),
+        )
+    } else {
+        None
+    };
+
+    let mut report = RunReport::new(&args);
+    for &scenario in &args.scenarios {
+        let kind = match (scenario, &subagentd) {
+            (Scenario::Baseline, _) => ServerKind::Noop,
+            (_, Some(Ok(bin))) => ServerKind::Subagentd {
+                bin: bin.clone(),
+                config_toml: servers::THROUGHPUT_CONFIG,
+            },
+            (_, Some(Err(message))) => {
+                report
+                    .failures
+                    .push(Failure::new(Some(scenario), message.clone()));
+                continue;
+            }
+            (_, None) => unreachable!("subagentd is looked up whenever a scenario needs it"),
+        };
+        eprintln!("[{scenario}] starting server");
+        let (rows, failure) = run_scenario(scenario, &kind, &args).await;
+        report.rows.extend(rows);
+        if let Some(e) = failure {
+            eprintln!("[{scenario}] failed: {e:#}");
+            report
+                .failures
+                .push(Failure::new(Some(scenario), format!("{e:#}")));
+        }
+    }
+    report.finish();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report::render_run(&report));
+    }
+    Ok(if report.saw_errors() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One scenario on its own server. Rows measured before a failure are kept;
+/// the server is stopped however the measurement ended.
+async fn run_scenario(
+    scenario: Scenario,
+    kind: &ServerKind,
+    args: &RunArgs,
+) -> (Vec<Row>, Option<anyhow::Error>) {
+    let server = match ServerProcess::start(kind, args.server.startup_timeout).await {
+        Ok(server) => server,
+        Err(e) => return (Vec::new(), Some(e)),
+    };
+    let mut rows = Vec::new();
+    let measured = measure_scenario(scenario, &server, args, &mut rows).await;
+    let stopped = server.stop().await;
+    let failure = match (measured, stopped) {
+        (Ok(()), Ok(())) => None,
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Some(e),
+        (Err(e), Err(stop)) => Some(anyhow::anyhow!(
+            "{e:#}; then stopping the server failed too: {stop:#}"
+        )),
+    };
+    (rows, failure)
+}
+
+async fn measure_scenario(
+    scenario: Scenario,
+    server: &ServerProcess,
+    args: &RunArgs,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let channels = servers::connect(server.addr(), args.connections).await?;
+    let workload = prepare(scenario, &channels[0]).await?;
+    let watchers = match scenario {
+        Scenario::BgSpawnWatched => {
+            Some(open_watchers(server.addr(), args.watchers, args.watcher_connections).await?)
+        }
+        _ => None,
+    };
+    let mut result = Ok(());
+    for &concurrency in &args.concurrency {
+        let plan = LoadPlan {
+            concurrency,
+            warmup: args.warmup,
+            duration: args.duration,
+        };
+        match measure_once(
+            scenario,
+            server,
+            &channels,
+            &workload,
+            watchers.as_ref(),
+            plan,
+        )
+        .await
+        {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if let Some(watchers) = watchers {
+        watchers.close();
+    }
+    result
+}
+
+/// What the scenario sends, after any setup it needs.
+async fn prepare(scenario: Scenario, channel: &Channel) -> anyhow::Result<Workload> {
+    Ok(match scenario {
+        Scenario::Baseline | Scenario::BgSpawn | Scenario::BgSpawnWatched => {
+            Workload::Spawn(load::spawn_request(true))
+        }
+        Scenario::FgSpawn => Workload::Spawn(load::spawn_request(false)),
+        Scenario::Status => {
+            let mut client = AgentServiceClient::new(channel.clone());
+            let target = client
+                .spawn(pb::SpawnRequest {
+                    prompt: STATUS_TARGET_PROMPT.to_owned(),
+                    ..load::spawn_request(true)
+                })
+                .await
+                .context("spawning the agent the status scenario reads")?
+                .into_inner()
+                .agent
+                .context("Spawn answered without an agent")?;
+            Workload::Status(pb::StatusRequest {
+                ids: vec![target.id],
+                ..Default::default()
+            })
+        }
+    })
+}
+
+async fn open_watchers(
+    addr: SocketAddr,
+    count: usize,
+    connections: usize,
+) -> anyhow::Result<Watchers> {
+    eprintln!("[{}] opening {count} watchers", Scenario::BgSpawnWatched);
+    Watchers::open(addr, count, connections)
+        .await
+        .context("opening the watchers")
+}
+
+/// One timed run at one concurrency.
+async fn measure_once(
+    scenario: Scenario,
+    server: &ServerProcess,
+    channels: &[Channel],
+    workload: &Workload,
+    watchers: Option<&Watchers>,
+    plan: LoadPlan,
+) -> anyhow::Result<Row> {
+    eprintln!(
+        "[{scenario}] concurrency {}: {} warm-up + {} timed",
+        plan.concurrency,
+        humantime::format_duration(plan.warmup),
+        humantime::format_duration(plan.duration)
+    );
+    let running = load::start(channels, workload.clone(), plan);
+    tokio::time::sleep_until(running.timed_start().into()).await;
+    let server_cpu_before = server.cpu_ticks()?;
+    let client_cpu_before = procfs::cpu_ticks(Pid::This)?;
+    let events_before = watchers.map(|w| {
+        w.take_max_lag();
+        w.events()
+    });
+
+    let result = running.finish().await?;
+
+    let server_cpu = server.cpu_ticks()?.saturating_sub(server_cpu_before);
+    let client_cpu = procfs::cpu_ticks(Pid::This)?.saturating_sub(client_cpu_before);
+    let watch = match (watchers, events_before) {
+        (Some(w), Some(before)) => {
+            let events = w.events() - before;
+            w.settle().await;
+            Some(WatchStats {
+                watchers: w.len(),
+                events,
+                events_per_s: events as f64 / result.elapsed.as_secs_f64().max(1e-9),
+                max_lag_ms: ms(w.take_max_lag()),
+                stream_errors: w.errors(),
+            })
+        }
+        _ => None,
+    };
+    let memory = server.memory()?;
+    Ok(Row::new(
+        scenario,
+        plan.concurrency,
+        Measurement {
+            result: &result,
+            server_cpu_s: procfs::ticks_to_seconds(server_cpu),
+            client_cpu_s: procfs::ticks_to_seconds(client_cpu),
+            server_peak_rss_bytes: memory.peak_rss_bytes,
+        },
+        watch,
+    ))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
