@@ -187,9 +187,46 @@ impl Core {
         self.limits = limits;
         self.runs = runs;
         self.agent_types = agent_types;
+        self.rebucket();
         let mut dirty = Dirty::default();
         dirty.everything();
         self.drain(dirty);
+    }
+
+    /// Moves live agents whose bucket key changed with the new limits (a
+    /// provider or model entry added or removed) to their new bucket, so old
+    /// and new agents of one provider share one count. O(live agents); only
+    /// reloads call it.
+    fn rebucket(&mut self) {
+        let moves: Vec<(AgentId, BucketKey)> = self
+            .agents
+            .values()
+            .filter(|r| !r.view.status.is_terminal())
+            .filter_map(|r| {
+                let new = self.bucket_for(&r.view.model);
+                (new != r.view.bucket).then_some((r.view.id, new))
+            })
+            .collect();
+        for (id, new) in moves {
+            let rec = self.agents.get_mut(&id).expect("live agent");
+            let old_key = rec.sub_key();
+            let held = Held::of(rec.view.status, rec.view.background);
+            let queued = rec.view.status == AgentStatus::Queued;
+            rec.view.bucket = new.clone();
+            let (seq, new_key) = (rec.seq, rec.sub_key());
+            if queued && self.queue.remove(seq, &old_key) {
+                self.queue.push(seq, id, new_key);
+            }
+            if held.bucket {
+                if let Some(n) = self.bucket_running.get_mut(&old_key.bucket) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.bucket_running.remove(&old_key.bucket);
+                    }
+                }
+                *self.bucket_running.entry(new).or_default() += 1;
+            }
+        }
     }
 
     /// The limits in force.
@@ -711,16 +748,18 @@ impl Core {
 
     // ----- cancel -------------------------------------------------------------
 
-    /// Cancels an agent and its live descendants (detached ones included).
-    /// Returns every agent moved to CANCELLED; empty when it had ended.
+    /// Cancels an agent and its live descendants (detached ones included,
+    /// also when the agent itself already ended). Returns every agent moved
+    /// to CANCELLED.
     pub fn cancel(&mut self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
-        let rec = self.agents.get(&id).ok_or(Error::NotFound {
-            field: "id",
-            id: id.to_string(),
-        })?;
-        if rec.view.status.is_terminal() {
-            return Ok(Vec::new());
+        if !self.agents.contains_key(&id) {
+            return Err(Error::NotFound {
+                field: "id",
+                id: id.to_string(),
+            });
         }
+        // An agent that already ended is not listed, but live descendants
+        // that outlived it (detached ones) are still part of its subtree.
         let mut dirty = Dirty::default();
         let mut cancelled = Vec::new();
         self.cancel_one(id, cancel_message(reason), &mut dirty, &mut cancelled);
