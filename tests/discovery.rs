@@ -157,6 +157,47 @@ async fn reflection_v1alpha_lists_the_api_for_older_tools() {
     s.handle.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn reflection_serves_the_error_detail_types_so_tools_can_decode_them() {
+    let s = TestServer::start("").await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    for symbol in [
+        "google.rpc.ErrorInfo",
+        "google.rpc.BadRequest",
+        "google.rpc.QuotaFailure",
+    ] {
+        let requests = tokio_stream::iter(vec![v1alpha::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(
+                v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                    symbol.into(),
+                ),
+            ),
+        }]);
+        let mut responses = client
+            .server_reflection_info(requests)
+            .await
+            .unwrap()
+            .into_inner();
+        let resp = responses.message().await.unwrap().unwrap();
+        assert!(
+            matches!(
+                resp.message_response,
+                Some(
+                    v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(_)
+                )
+            ),
+            "{symbol}: {resp:?}"
+        );
+    }
+    s.handle.shutdown().await.unwrap();
+}
+
 #[test]
 fn the_embedded_descriptor_set_decodes_and_holds_the_api() {
     let set: prost_types::FileDescriptorSet =
