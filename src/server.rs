@@ -10,7 +10,7 @@ use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
 
 use crate::{
-    api::service::AgentServiceImpl,
+    api::{service::AgentServiceImpl, watch_route::AgentServiceRouter},
     cli::ServeArgs,
     config::{Config, ConfigSource},
     pb::{self, agent_service_server::AgentServiceServer},
@@ -135,7 +135,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
-                .add_service(AgentServiceServer::new(service))
+                .add_service(AgentServiceRouter::new(service))
                 .serve_with_incoming_shutdown(
                     // Without TCP_NODELAY small responses wait for the peer's
                     // delayed ACK (Nagle): ~40 ms per call at low concurrency.

@@ -466,6 +466,14 @@ pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
     }
 }
 
+/// An event's WatchAgentsResponse encoding, made once per event and shared
+/// by every subscriber that sends it.
+pub fn event_wire(e: &Event) -> bytes::Bytes {
+    e.wire
+        .get_or_init(|| prost::Message::encode_to_vec(&event_to_pb(e)).into())
+        .clone()
+}
+
 /// Steer delivery → protobuf enum.
 pub fn delivery_to_pb(d: SteerDelivery) -> pb::SteerDelivery {
     match d {

@@ -4,3 +4,4 @@
 pub mod convert;
 pub mod service;
 pub mod status;
+pub mod watch_route;

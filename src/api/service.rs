@@ -3,6 +3,7 @@
 
 use std::{pin::Pin, sync::Arc, time::SystemTime};
 
+use bytes::Bytes;
 use futures_util::Stream;
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,34 @@ impl AgentServiceImpl {
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchAgentsResponse, Status>> + Send>>;
+
+/// WatchAgents responses already encoded (see [`super::watch_route`]).
+pub type EncodedWatchStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+
+impl AgentServiceImpl {
+    /// Opens a watch whose items are encoded WatchAgentsResponse messages.
+    pub fn watch_encoded(
+        &self,
+        request: pb::WatchAgentsRequest,
+    ) -> Result<EncodedWatchStream, Status> {
+        let q = convert::parse_watch(request)?;
+        let sub = self
+            .scheduler
+            .subscribe(&q.filter, q.after_sequence, q.include_snapshot);
+        let state = WatchState {
+            resume_after: sub.position,
+            initial: sub.initial.into_iter(),
+            live: sub.live,
+            filter: q.filter,
+            shutdown: self.shutdown.clone(),
+            done: false,
+        };
+        Ok(Box::pin(futures_util::stream::unfold(
+            state,
+            WatchState::next,
+        )))
+    }
+}
 
 #[tonic::async_trait]
 impl AgentService for AgentServiceImpl {
@@ -120,26 +149,17 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::WatchAgentsRequest>,
     ) -> Result<Response<Self::WatchAgentsStream>, Status> {
-        let q = convert::parse_watch(request.into_inner())?;
-        let sub = self
-            .scheduler
-            .subscribe(&q.filter, q.after_sequence, q.include_snapshot);
-        let position = sub
-            .initial
-            .last()
-            .map_or(sub.position, |e| e.sequence.max(sub.position));
-        let state = WatchState {
-            initial: sub.initial.into_iter(),
-            live: sub.live,
-            filter: q.filter,
-            resume_after: position,
-            shutdown: self.shutdown.clone(),
-            done: false,
-        };
-        Ok(Response::new(Box::pin(futures_util::stream::unfold(
-            state,
-            WatchState::next,
-        ))))
+        // The server mounts `watch_route`, which serves WatchAgents from
+        // `watch_encoded` directly; this generated route decodes the same
+        // bytes for anyone mounting the plain generated server.
+        let encoded = self.watch_encoded(request.into_inner())?;
+        let decoded = futures_util::StreamExt::map(encoded, |item| {
+            item.and_then(|bytes| {
+                <pb::WatchAgentsResponse as prost::Message>::decode(bytes)
+                    .map_err(|e| Status::internal(e.to_string()))
+            })
+        });
+        Ok(Response::new(Box::pin(decoded)))
     }
 }
 
@@ -156,12 +176,12 @@ struct WatchState {
 }
 
 impl WatchState {
-    async fn next(mut self) -> Option<(Result<pb::WatchAgentsResponse, Status>, Self)> {
+    async fn next(mut self) -> Option<(Result<Bytes, Status>, Self)> {
         if self.done {
             return None;
         }
         if let Some(event) = self.initial.next() {
-            return Some((Ok(convert::event_to_pb(&event)), self));
+            return Some((Ok(convert::event_wire(&event)), self));
         }
         loop {
             let received = tokio::select! {
@@ -175,7 +195,7 @@ impl WatchState {
                         continue;
                     }
                     self.resume_after = event.sequence;
-                    return Some((Ok(convert::event_to_pb(&event)), self));
+                    return Some((Ok(convert::event_wire(&event)), self));
                 }
                 Err(RecvError::Lagged(missed)) => {
                     self.done = true;

@@ -8,7 +8,7 @@
 //! channel hops, and lets the model-based test drive the core directly.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -24,6 +24,8 @@ use super::{
     state::{check_move, Held},
     types::*,
 };
+use foldhash::{HashMap, HashSet};
+
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig};
 
 /// Longest accepted `lead_id` and `idempotency_key`, in bytes.
@@ -127,7 +129,10 @@ pub struct Core {
     limits: Limits,
     runs: RunsConfig,
     agent_types: BTreeMap<String, AgentTypeConfig>,
-    agents: HashMap<AgentId, Record>,
+    /// Boxed: a hash map stores values inline in up to twice as many
+    /// buckets as entries, which for ~450-byte records doubled the memory of
+    /// retained agents.
+    agents: HashMap<AgentId, Box<Record>>,
     /// Admission sequence → agent, for listing in creation order.
     order: BTreeMap<u64, AgentId>,
     next_seq: u64,
@@ -141,6 +146,11 @@ pub struct Core {
     /// Finished agents in finish order, for retention sweeps.
     finished: VecDeque<(SystemTime, AgentId)>,
     waiters: HashMap<AgentId, Vec<Arc<Notify>>>,
+    /// Agent type, model and bucket names shared by every agent that uses
+    /// them, so a retained agent does not carry its own copies.
+    names: HashSet<Arc<str>>,
+    empty: Arc<str>,
+    no_labels: Labels,
     events: EventLog,
     starts: Vec<RunStart>,
 }
@@ -157,18 +167,21 @@ impl Core {
             limits,
             runs,
             agent_types,
-            agents: HashMap::new(),
+            agents: HashMap::default(),
             order: BTreeMap::new(),
             next_seq: 1,
             queue: AdmissionQueue::default(),
             live_background: 0,
-            bucket_running: HashMap::new(),
-            parent_running: HashMap::new(),
-            tree_live: HashMap::new(),
-            lead_live: HashMap::new(),
-            idempotency: HashMap::new(),
+            bucket_running: HashMap::default(),
+            parent_running: HashMap::default(),
+            tree_live: HashMap::default(),
+            lead_live: HashMap::default(),
+            idempotency: HashMap::default(),
             finished: VecDeque::new(),
-            waiters: HashMap::new(),
+            waiters: HashMap::default(),
+            names: HashSet::default(),
+            empty: Arc::from(""),
+            no_labels: Labels::default(),
             events: EventLog::new(watch.history, watch.subscriber_buffer),
             starts: Vec::new(),
         }
@@ -198,16 +211,17 @@ impl Core {
     /// and new agents of one provider share one count. O(live agents); only
     /// reloads call it.
     fn rebucket(&mut self) {
-        let moves: Vec<(AgentId, BucketKey)> = self
+        let live: Vec<(AgentId, Arc<str>, BucketKey)> = self
             .agents
             .values()
             .filter(|r| !r.view.status.is_terminal())
-            .filter_map(|r| {
-                let new = self.bucket_for(&r.view.model);
-                (new != r.view.bucket).then_some((r.view.id, new))
-            })
+            .map(|r| (r.view.id, r.view.model.clone(), r.view.bucket.clone()))
             .collect();
-        for (id, new) in moves {
+        for (id, model, old) in live {
+            let new = self.bucket_for(&model);
+            if new == old {
+                continue;
+            }
             let rec = self.agents.get_mut(&id).expect("live agent");
             let old_key = rec.sub_key();
             let held = Held::of(rec.view.status, rec.view.background);
@@ -239,14 +253,31 @@ impl Core {
         self.runs.finished_retention
     }
 
-    fn bucket_for(&self, model: &str) -> BucketKey {
+    fn bucket_for(&mut self, model: &str) -> BucketKey {
         let provider = model.split_once('/').map_or(model, |(p, _)| p);
         if self.limits.model_concurrency.contains_key(model) {
-            model.into()
+            self.intern(model)
         } else if self.limits.provider_concurrency.contains_key(provider) {
-            provider.into()
+            self.intern(provider)
         } else {
-            model.into()
+            self.intern(model)
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> Arc<str> {
+        if let Some(shared) = self.names.get(name) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = name.into();
+        self.names.insert(shared.clone());
+        shared
+    }
+
+    fn text(&self, s: String) -> Arc<str> {
+        if s.is_empty() {
+            self.empty.clone()
+        } else {
+            s.into()
         }
     }
 
@@ -356,9 +387,9 @@ impl Core {
         let runner = self.agent_types[&spec.agent].runner;
         let view = AgentView {
             id,
-            agent: spec.agent.into(),
-            model: spec.model.into(),
-            description: spec.description.into(),
+            agent: self.intern(&spec.agent),
+            model: self.intern(&spec.model),
+            description: self.text(spec.description),
             parent_id: spec.parent_id,
             root_id: root_id.unwrap_or(id),
             lead_id,
@@ -367,11 +398,15 @@ impl Core {
             created_at: now,
             started_at: None,
             finished_at: None,
-            result: "".into(),
+            result: self.empty.clone(),
             error: None,
             approval: None,
             usage: Usage::default(),
-            labels: Arc::new(spec.labels),
+            labels: if spec.labels.is_empty() {
+                self.no_labels.clone()
+            } else {
+                Arc::new(spec.labels)
+            },
             background: spec.background,
             detached: spec.detached,
             queue_reason: None,
@@ -400,7 +435,7 @@ impl Core {
         if let Some(lead) = &record.view.lead_id {
             self.lead_live.entry(lead.clone()).or_default().insert(id);
         }
-        self.agents.insert(id, record);
+        self.agents.insert(id, Box::new(record));
         self.order.insert(seq, id);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
@@ -487,13 +522,21 @@ impl Core {
         if held.global {
             self.live_background -= 1;
         }
+        // Only a limit that was full can have agents waiting on it alone:
+        // one that had room already held nobody back, so it need not be
+        // walked (this keeps a release O(log n) when parents are not the
+        // binding limit).
         if held.bucket {
+            if !self.bucket_has_room(&bucket) {
+                dirty.bucket(&bucket);
+            }
             dec(&mut self.bucket_running, &bucket);
-            dirty.bucket(&bucket);
         }
         if held.parent {
+            if !self.parent_has_room(&parent) {
+                dirty.parent(&parent);
+            }
             dec(&mut self.parent_running, &parent);
-            dirty.parent(&parent);
         }
         if held.tree {
             dec(&mut self.tree_live, &root);
@@ -657,7 +700,11 @@ impl Core {
         }
         let to = match outcome {
             Ok(result) => {
-                rec.view.result = result.into();
+                rec.view.result = if result.is_empty() {
+                    self.empty.clone()
+                } else {
+                    result.into()
+                };
                 AgentStatus::Done
             }
             Err(error) => {
@@ -1040,6 +1087,10 @@ impl Core {
                 }
                 n += 1;
             }
+        }
+        if n > 0 {
+            // Names no agent uses any more (a model nobody spawns now).
+            self.names.retain(|name| Arc::strong_count(name) > 1);
         }
         n
     }

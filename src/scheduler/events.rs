@@ -7,7 +7,12 @@
 //! API layer with the sequence to resume after. So a slow subscriber costs
 //! the scheduler nothing.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, OnceLock},
+};
+
+use bytes::Bytes;
 
 use tokio::sync::broadcast;
 
@@ -43,6 +48,20 @@ pub struct Event {
     pub kind: EventKind,
     /// The agent after the event.
     pub agent: AgentView,
+    /// The event's wire encoding, made once by the first subscriber that
+    /// sends it and shared by all others (the scheduler never fills it).
+    pub wire: OnceLock<Bytes>,
+}
+
+impl Event {
+    fn new(sequence: u64, kind: EventKind, agent: AgentView) -> Self {
+        Self {
+            sequence,
+            kind,
+            agent,
+            wire: OnceLock::new(),
+        }
+    }
 }
 
 /// Sequence numbering, history and fan-out. Owned by the scheduler core,
@@ -86,11 +105,7 @@ impl EventLog {
 
     /// Numbers, records and broadcasts one event.
     pub fn publish(&mut self, kind: EventKind, agent: AgentView) {
-        let event = Arc::new(Event {
-            sequence: self.take_sequence(),
-            kind,
-            agent,
-        });
+        let event = Arc::new(Event::new(self.take_sequence(), kind, agent));
         if self.history.len() == self.capacity {
             if let Some(old) = self.history.pop_front() {
                 self.evicted_through = old.sequence;
@@ -139,13 +154,7 @@ impl EventLog {
         let initial = if include_snapshot || (after_sequence > 0 && !replay_complete) {
             agents
                 .filter(|a| filter.matches(a))
-                .map(|agent| {
-                    Arc::new(Event {
-                        sequence: self.take_sequence(),
-                        kind: EventKind::Snapshot,
-                        agent,
-                    })
-                })
+                .map(|agent| Arc::new(Event::new(self.take_sequence(), EventKind::Snapshot, agent)))
                 .collect()
         } else if after_sequence > 0 {
             let start = self

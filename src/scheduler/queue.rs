@@ -9,7 +9,9 @@
 //! whose *other* limit is full. Nothing here scans individual queued agents:
 //! push, remove and pop are O(log n).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use super::types::{AgentId, ParentKey};
@@ -83,7 +85,12 @@ impl AdmissionQueue {
     /// Queues an agent under its admission sequence number. A resumed agent
     /// keeps its old number, so it goes ahead of newer agents.
     pub fn push(&mut self, seq: u64, id: AgentId, key: SubKey) {
-        let sub = self.subqueues.entry(key.clone()).or_default();
+        // Look up before inserting so the common case (the sub-queue
+        // exists) clones no key.
+        let sub = match self.subqueues.get_mut(&key) {
+            Some(sub) => sub,
+            None => self.subqueues.entry(key.clone()).or_default(),
+        };
         let old_head = sub.keys().next().copied();
         sub.insert(seq, id);
         self.len += 1;
@@ -120,7 +127,10 @@ impl AdmissionQueue {
             old: Option<u64>,
             new: Option<u64>,
         ) {
-            let heads = index.entry(k.clone()).or_default();
+            let heads = match index.get_mut(k) {
+                Some(heads) => heads,
+                None => index.entry(k.clone()).or_default(),
+            };
             if let Some(old) = old {
                 heads.remove(&old);
             }
