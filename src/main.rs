@@ -4,6 +4,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// mimalloc instead of glibc malloc: the server allocates and frees many
+/// small objects across threads (records, events, runs), where glibc spent
+/// ~10 % of server CPU in malloc/free and consolidation (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use subagentd::cli::{client, Cli, Command};
 
 #[tokio::main]

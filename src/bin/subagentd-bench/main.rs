@@ -29,6 +29,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The same allocator as the `subagentd` binary, so the no-op baseline
+/// server (this binary re-executed) differs from subagentd only in what its
+/// handler does.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use cli::{Cli, Command};
 
 #[tokio::main]
