@@ -230,3 +230,50 @@ async fn wait_until(cond: impl Fn() -> bool) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+#[tokio::test]
+async fn watch_prints_a_snapshot_then_live_events_as_json_lines() {
+    let s = TestServer::start("").await;
+    let mut client = s.client.clone();
+    let existing = spawn(&mut client, bg("acme/m", "wait_steer")).await;
+    let addr = format!("http://{}", s.handle.addr());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(["watch", "--addr", &addr, "--json", "--snapshot"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    let snapshot = next_json(&mut lines).await;
+    assert_eq!(snapshot["kind"], "AGENT_EVENT_KIND_SNAPSHOT");
+    assert_eq!(snapshot["agent"]["id"], existing.id.as_str());
+    // The snapshot was printed, so the subscription exists: a steer now is a
+    // live event.
+    client
+        .steer(subagentd::pb::SteerRequest {
+            id: existing.id.clone(),
+            message: "go".into(),
+        })
+        .await
+        .unwrap();
+    let steered = next_json(&mut lines).await;
+    assert_eq!(steered["kind"], "AGENT_EVENT_KIND_STEERED");
+    assert!(steered["sequence"].as_u64().unwrap() > snapshot["sequence"].as_u64().unwrap());
+    let done = next_json(&mut lines).await;
+    assert_eq!(done["kind"], "AGENT_EVENT_KIND_DONE");
+    assert_eq!(done["agent"]["result"], "steer: go");
+    child.kill().await.unwrap();
+    s.handle.shutdown().await.unwrap();
+}
+
+async fn next_json(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> serde_json::Value {
+    let line = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("a line within 10 s")
+        .unwrap()
+        .expect("watch still running");
+    serde_json::from_str(&line).unwrap()
+}

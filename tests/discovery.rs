@@ -12,11 +12,7 @@ use tonic_reflection::pb::{v1, v1alpha};
 #[tokio::test]
 async fn health_reports_serving_for_the_agent_service_and_not_serving_after_shutdown_begins() {
     let s = TestServer::start("").await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&s).await;
     let mut health = HealthClient::new(channel);
     for service in ["subagents.v1.AgentService", ""] {
         let resp = health
@@ -59,11 +55,7 @@ async fn health_reports_serving_for_the_agent_service_and_not_serving_after_shut
 #[tokio::test]
 async fn reflection_v1_lists_the_api_and_serves_its_descriptor() {
     let s = TestServer::start("").await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&s).await;
     let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
     let requests = tokio_stream::iter(vec![
         v1::ServerReflectionRequest {
@@ -127,11 +119,7 @@ async fn reflection_v1_lists_the_api_and_serves_its_descriptor() {
 #[tokio::test]
 async fn reflection_v1alpha_lists_the_api_for_older_tools() {
     let s = TestServer::start("").await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&s).await;
     let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
     let requests = tokio_stream::iter(vec![v1alpha::ServerReflectionRequest {
         host: String::new(),
@@ -160,11 +148,7 @@ async fn reflection_v1alpha_lists_the_api_for_older_tools() {
 #[tokio::test]
 async fn reflection_serves_the_error_detail_types_so_tools_can_decode_them() {
     let s = TestServer::start("").await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&s).await;
     let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
     for symbol in [
         "google.rpc.ErrorInfo",
@@ -196,6 +180,14 @@ async fn reflection_serves_the_error_detail_types_so_tools_can_decode_them() {
         );
     }
     s.handle.shutdown().await.unwrap();
+}
+
+async fn channel(s: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
 }
 
 #[test]
