@@ -430,3 +430,79 @@ impl Scheduler {
         f(&mut self.shared.core.lock())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::future::BoxFuture;
+
+    /// A runner whose run panics: the crash must end the agent and free its
+    /// slots like any other terminal path.
+    struct PanickingRunner;
+
+    impl Runner for PanickingRunner {
+        fn run(&self, _run: Run) -> BoxFuture<'static, crate::runner::RunOutcome> {
+            Box::pin(async { panic!("runner bug") })
+        }
+    }
+
+    fn scheduler_with(runner: Arc<dyn Runner>, toml: &str) -> Scheduler {
+        let config = crate::config::ConfigSource::from_toml_str(toml).unwrap();
+        Scheduler::with_runners(&config, HashMap::from([(RunnerKind::Simulated, runner)]))
+    }
+
+    fn spec() -> SpawnSpec {
+        SpawnSpec {
+            agent: "simulated".into(),
+            model: "acme/m".into(),
+            prompt: "hi".into(),
+            background: true,
+            ..SpawnSpec::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_runner_panic_fails_the_agent_and_releases_its_slots() {
+        let s = scheduler_with(
+            Arc::new(PanickingRunner),
+            "[limits]\nmax_background_agents = 1\n",
+        );
+        let agent = s.spawn(spec()).unwrap();
+        let (agents, timed_out) = s
+            .await_agents(&[agent.id], Some(Duration::from_secs(10)), AwaitMode::All)
+            .await
+            .unwrap();
+        assert!(!timed_out);
+        assert_eq!(agents[0].status, AgentStatus::Failed);
+        let error = agents[0].error.as_ref().unwrap();
+        assert_eq!(&*error.code, CODE_RUNNER_CRASHED);
+        assert!(error.message.contains("runner bug"), "{}", error.message);
+        s.inspect(|c| assert_eq!(c.counters(), c.recount()));
+        assert_eq!(s.inspect(|c| c.counters().live_background), 0);
+        // The freed global slot admits the next agent.
+        s.spawn(spec()).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_run_deadline_fails_the_agent_with_deadline_exceeded() {
+        let s = Scheduler::new(&crate::config::ConfigSource::from_toml_str("").unwrap());
+        let agent = s
+            .spawn(SpawnSpec {
+                prompt: "sleep 3600000".into(),
+                timeout: Some(Duration::from_secs(60)),
+                ..spec()
+            })
+            .unwrap();
+        // The paused clock jumps to the deadline as soon as everything idles.
+        let (agents, _) = s
+            .await_agents(&[agent.id], None, AwaitMode::All)
+            .await
+            .unwrap();
+        assert_eq!(agents[0].status, AgentStatus::Failed);
+        assert_eq!(
+            &*agents[0].error.as_ref().unwrap().code,
+            CODE_DEADLINE_EXCEEDED
+        );
+        assert_eq!(s.inspect(|c| c.counters().live_background), 0);
+    }
+}
