@@ -78,8 +78,7 @@ impl ServerHandle {
         self.health
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
-        self.scheduler.begin_shutdown();
-        let cancelled = self.scheduler.cancel_all("server shutting down");
+        let cancelled = self.scheduler.shut_down("server shutting down");
         info!(cancelled, "shutting down");
         self.shutdown.cancel();
         for task in &self.tasks {

@@ -462,7 +462,7 @@ pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
     pb::WatchAgentsResponse {
         sequence: e.sequence,
         kind: kind as i32,
-        agent: Some(agent_to_pb(&e.agent, SystemTime::now())),
+        agent: Some(agent_to_pb(&e.agent, e.at)),
     }
 }
 

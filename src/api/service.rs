@@ -5,7 +5,10 @@ use std::{pin::Pin, sync::Arc, time::SystemTime};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::broadcast::{
+    self,
+    error::{RecvError, TryRecvError},
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -184,18 +187,29 @@ impl WatchState {
             return Some((Ok(convert::event_wire(&event)), self));
         }
         loop {
-            let received = tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => return None,
-                r = self.live.recv() => r,
+            let received = if self.shutdown.is_cancelled() {
+                // Shutting down: send what is already published (the
+                // cancellations of the shutdown itself among it), then end
+                // the stream cleanly.
+                match self.live.try_recv() {
+                    Ok(event) => Ok(event),
+                    Err(TryRecvError::Lagged(missed)) => Err(RecvError::Lagged(missed)),
+                    Err(TryRecvError::Empty | TryRecvError::Closed) => return None,
+                }
+            } else {
+                tokio::select! {
+                    biased;
+                    r = self.live.recv() => r,
+                    () = self.shutdown.cancelled() => continue,
+                }
             };
             match received {
                 Ok(event) => {
-                    if !self.filter.matches(&event.agent) {
-                        continue;
-                    }
+                    // Seen, matching or not: a resume starts after it.
                     self.resume_after = event.sequence;
-                    return Some((Ok(convert::event_wire(&event)), self));
+                    if self.filter.matches(&event.agent) {
+                        return Some((Ok(convert::event_wire(&event)), self));
+                    }
                 }
                 Err(RecvError::Lagged(missed)) => {
                     self.done = true;

@@ -153,6 +153,8 @@ pub struct Core {
     no_labels: Labels,
     events: EventLog,
     starts: Vec<RunStart>,
+    /// Set by [`Core::shut_down`]: no more admissions, no more starts.
+    closed: bool,
 }
 
 impl Core {
@@ -184,6 +186,7 @@ impl Core {
             no_labels: Labels::default(),
             events: EventLog::new(watch.history, watch.subscriber_buffer),
             starts: Vec::new(),
+            closed: false,
         }
     }
 
@@ -317,6 +320,25 @@ impl Core {
     /// Admits an agent: starts it, queues it, or refuses it. Returns the
     /// agent and whether it is an earlier agent found by idempotency key.
     pub fn spawn(&mut self, spec: SpawnSpec, now: SystemTime) -> Result<(AgentView, bool), Error> {
+        if self.closed {
+            return Err(Error::ShuttingDown);
+        }
+        // A retry whose first response was lost gets the first agent, even
+        // if its parent has ended or the config changed since.
+        if let Some(key) = spec.idempotency_key.as_deref() {
+            let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
+                (Some(pid), _) => ParentKey::Agent(pid),
+                (None, Some(lead)) => ParentKey::Lead(lead.into()),
+                (None, None) => ParentKey::None,
+            };
+            if let Some(rec) = self
+                .idempotency
+                .get(&(parent_key, Arc::from(key)))
+                .and_then(|id| self.agents.get(id))
+            {
+                return Ok((self.view_of(rec), true));
+            }
+        }
         self.check_spec(&spec)?;
         let parent = match spec.parent_id {
             Some(pid) => {
@@ -349,13 +371,6 @@ impl Core {
             }
         };
         let idem_key = spec.idempotency_key.as_deref().map(Arc::<str>::from);
-        if let Some(k) = &idem_key {
-            if let Some(existing) = self.idempotency.get(&(parent_key.clone(), k.clone())) {
-                if let Some(rec) = self.agents.get(existing) {
-                    return Ok((self.view_of(rec), true));
-                }
-            }
-        }
         if depth > self.limits.max_depth {
             return Err(Error::DepthLimit {
                 limit: self.limits.max_depth,
@@ -667,7 +682,7 @@ impl Core {
     /// Starts queued agents while limits freed by `dirty` have room, earliest
     /// admission first.
     fn drain(&mut self, dirty: Dirty) {
-        while !dirty.is_empty() && !self.queue.is_empty() {
+        while !self.closed && !dirty.is_empty() && !self.queue.is_empty() {
             let next = self.queue.next_eligible(
                 &dirty,
                 |b| self.bucket_has_room(b),
@@ -979,7 +994,10 @@ impl Core {
     pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
         let mut agents = Vec::new();
         let mut last = None;
-        for (&seq, id) in self.order.range(after + 1..) {
+        for (&seq, id) in self
+            .order
+            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        {
             let rec = &self.agents[id];
             let view = self.view_of(rec);
             if filter.matches(&view) {
@@ -1037,16 +1055,19 @@ impl Core {
         after_sequence: u64,
         include_snapshot: bool,
     ) -> Subscription {
-        let agents: Vec<AgentView> = if include_snapshot || after_sequence > 0 {
+        let needs_snapshot = include_snapshot
+            || (after_sequence > 0 && !self.events.can_replay_after(after_sequence));
+        // Built only when sent, and filtered on the record before a view is
+        // made, since this runs under the scheduler lock.
+        let snapshot = needs_snapshot.then(|| {
             self.order
                 .values()
-                .map(|id| self.view_of(&self.agents[id]))
+                .map(|id| &self.agents[id])
+                .filter(|rec| filter.matches(&rec.view))
+                .map(|rec| self.view_of(rec))
                 .collect()
-        } else {
-            Vec::new()
-        };
-        self.events
-            .subscribe(filter, after_sequence, include_snapshot, agents.into_iter())
+        });
+        self.events.subscribe(filter, after_sequence, snapshot)
     }
 
     fn publish(&mut self, id: AgentId, kind: EventKind) {
@@ -1059,13 +1080,23 @@ impl Core {
         self.events.subscribers()
     }
 
-    /// Every live agent's id (for shutdown).
-    pub fn live_ids(&self) -> Vec<AgentId> {
-        self.order
+    /// Stops admitting and cancels every live agent with `reason`, oldest
+    /// first, in one step: nothing queued is started by the slots this
+    /// frees. Returns how many agents were cancelled.
+    pub fn shut_down(&mut self, reason: &str) -> usize {
+        self.closed = true;
+        let live: Vec<AgentId> = self
+            .order
             .values()
             .filter(|id| !self.agents[*id].view.status.is_terminal())
             .copied()
-            .collect()
+            .collect();
+        let mut dirty = Dirty::default();
+        let mut cancelled = Vec::new();
+        for id in live {
+            self.cancel_one(id, reason.to_owned(), &mut dirty, &mut cancelled);
+        }
+        cancelled.len()
     }
 
     // ----- retention -----------------------------------------------------------------

@@ -10,6 +10,7 @@
 use std::{
     collections::VecDeque,
     sync::{Arc, OnceLock},
+    time::SystemTime,
 };
 
 use bytes::Bytes;
@@ -48,6 +49,9 @@ pub struct Event {
     pub kind: EventKind,
     /// The agent after the event.
     pub agent: AgentView,
+    /// When the event happened (fixes `elapsed_ms` in what subscribers see,
+    /// however late they receive it).
+    pub at: SystemTime,
     /// The event's wire encoding, made once by the first subscriber that
     /// sends it and shared by all others (the scheduler never fills it).
     pub wire: OnceLock<Bytes>,
@@ -59,6 +63,7 @@ impl Event {
             sequence,
             kind,
             agent,
+            at: SystemTime::now(),
             wire: OnceLock::new(),
         }
     }
@@ -132,28 +137,35 @@ impl EventLog {
         self.tx.receiver_count()
     }
 
-    /// Subscribes. `agents` lists every agent that exists now, oldest first,
-    /// for snapshots.
+    /// Whether the retained history holds every event after
+    /// `after_sequence`. A sequence this server never issued (from before a
+    /// restart) cannot be replayed either.
+    pub fn can_replay_after(&self, after_sequence: u64) -> bool {
+        after_sequence >= self.evicted_through && after_sequence <= self.last_sequence()
+    }
+
+    /// Subscribes.
     ///
-    /// - `include_snapshot`: one SNAPSHOT per matching agent, then live.
-    /// - `after_sequence > 0`: retained events after it, or SNAPSHOTs when
-    ///   some were evicted, then live.
+    /// - `snapshot = Some(agents)`: one SNAPSHOT per agent (already
+    ///   filtered, oldest first), then live. The caller passes it when
+    ///   `include_snapshot` is set, or when `after_sequence > 0` but
+    ///   [`EventLog::can_replay_after`] is false.
+    /// - otherwise, `after_sequence > 0`: the retained events after it, then
+    ///   live.
     /// - otherwise: live events only.
     ///
     /// Snapshot events draw fresh sequence numbers so every stream stays
     /// strictly increasing and resumable.
-    pub fn subscribe<'a>(
+    pub fn subscribe(
         &mut self,
         filter: &AgentFilter,
         after_sequence: u64,
-        include_snapshot: bool,
-        agents: impl Iterator<Item = AgentView> + 'a,
+        snapshot: Option<Vec<AgentView>>,
     ) -> Subscription {
         let live = self.tx.subscribe();
-        let replay_complete = after_sequence >= self.evicted_through;
-        let initial = if include_snapshot || (after_sequence > 0 && !replay_complete) {
+        let initial = if let Some(agents) = snapshot {
             agents
-                .filter(|a| filter.matches(a))
+                .into_iter()
                 .map(|agent| Arc::new(Event::new(self.take_sequence(), EventKind::Snapshot, agent)))
                 .collect()
         } else if after_sequence > 0 {

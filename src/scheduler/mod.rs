@@ -14,10 +14,7 @@ pub mod types;
 use std::{
     collections::HashMap,
     panic::AssertUnwindSafe,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -51,7 +48,6 @@ pub const CODE_RUNNER_CRASHED: &str = "RUNNER_CRASHED";
 struct Shared {
     core: Mutex<Core>,
     runners: HashMap<RunnerKind, Arc<dyn Runner>>,
-    shutting_down: AtomicBool,
 }
 
 /// Handle to the scheduler; clone freely.
@@ -86,7 +82,6 @@ impl Scheduler {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
                 runners,
-                shutting_down: AtomicBool::new(false),
             }),
         }
     }
@@ -160,18 +155,9 @@ impl Scheduler {
         self.with_core(|c| c.finish(id, outcome));
     }
 
-    fn check_open(&self) -> Result<(), Error> {
-        if self.shared.shutting_down.load(Ordering::Acquire) {
-            Err(Error::ShuttingDown)
-        } else {
-            Ok(())
-        }
-    }
-
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
     /// foreground spec it is already running).
     pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
-        self.check_open()?;
         self.with_core(|c| c.spawn(spec, SystemTime::now()))
             .map(|(view, _)| view)
     }
@@ -180,7 +166,6 @@ impl Scheduler {
     /// the returned future is dropped first (the caller went away), the
     /// agent is cancelled.
     pub async fn spawn_foreground(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
-        self.check_open()?;
         let (view, existing) = self.with_core(|c| c.spawn(spec, SystemTime::now()))?;
         let guard = CancelOnDrop {
             scheduler: self.clone(),
@@ -323,19 +308,12 @@ impl Scheduler {
         (retention / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
-    /// Stops admitting: every Spawn from now on is UNAVAILABLE.
-    pub fn begin_shutdown(&self) {
-        self.shared.shutting_down.store(true, Ordering::Release);
-    }
-
-    /// Cancels every live agent with `reason`; returns how many.
-    pub fn cancel_all(&self, reason: &str) -> usize {
-        self.with_core(|c| {
-            c.live_ids()
-                .into_iter()
-                .map(|id| c.cancel(id, reason).map_or(0, |v| v.len()))
-                .sum()
-        })
+    /// Stops admitting (every Spawn from now on is UNAVAILABLE) and cancels
+    /// every live agent with `reason`, in one step under the lock, so no
+    /// Spawn slips in between and nothing queued starts. Returns how many
+    /// agents were cancelled.
+    pub fn shut_down(&self, reason: &str) -> usize {
+        self.with_core(|c| c.shut_down(reason))
     }
 }
 
