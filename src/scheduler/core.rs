@@ -992,24 +992,42 @@ impl Core {
     /// Agents matching `filter`, oldest first, starting after admission
     /// sequence `after`, at most `limit`.
     pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
+        // Direct children come from the parent's own list (creation order),
+        // so listing a parent's children does not scan every retained agent
+        // under the lock. Other filters scan, testing the record before a
+        // view is built.
+        let by_parent: Option<Vec<(u64, &Record)>> = filter
+            .parent_id
+            .and_then(|p| self.agents.get(&p))
+            .map(|parent| {
+                parent
+                    .children
+                    .iter()
+                    .filter_map(|c| self.agents.get(c))
+                    .map(|rec| (rec.seq, &**rec))
+                    .filter(|(seq, _)| *seq > after)
+                    .collect()
+            });
+        let scan = || {
+            self.order
+                .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                .map(|(&seq, id)| (seq, &*self.agents[id]))
+        };
+        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> = match by_parent {
+            Some(children) => Box::new(children.into_iter()),
+            None => Box::new(scan()),
+        };
         let mut agents = Vec::new();
         let mut last = None;
-        for (&seq, id) in self
-            .order
-            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-        {
-            let rec = &self.agents[id];
-            let view = self.view_of(rec);
-            if filter.matches(&view) {
-                if agents.len() == limit {
-                    return Page {
-                        agents,
-                        next_after: last,
-                    };
-                }
-                agents.push(view);
-                last = Some(seq);
+        for (seq, rec) in candidates.filter(|(_, rec)| filter.matches(&rec.view)) {
+            if agents.len() == limit {
+                return Page {
+                    agents,
+                    next_after: last,
+                };
             }
+            agents.push(self.view_of(rec));
+            last = Some(seq);
         }
         Page {
             agents,
