@@ -161,3 +161,73 @@ async fn finish_parent(
     let done = await_all(client, &[parent]).await;
     assert_eq!(status(&done[0]), pb::AgentStatus::Done);
 }
+
+#[tokio::test]
+async fn lead_and_root_listings_page_through_their_own_agents_only() {
+    let s =
+        TestServer::start("[limits]\nmax_background_agents = 50\nmax_concurrent_per_parent = 0\n")
+            .await;
+    let mut client = s.client.clone();
+    let root = spawn(
+        &mut client,
+        pb::SpawnRequest {
+            lead_id: "lead-a".into(),
+            ..bg("acme/m", "wait_steer")
+        },
+    )
+    .await;
+    let mut expected = vec![root.id.clone()];
+    for _ in 0..4 {
+        let child = spawn(
+            &mut client,
+            pb::SpawnRequest {
+                parent_id: root.id.clone(),
+                ..bg("acme/m", "wait_steer")
+            },
+        )
+        .await;
+        expected.push(child.id);
+        // Noise that neither filter may return.
+        spawn(
+            &mut client,
+            pb::SpawnRequest {
+                lead_id: "lead-b".into(),
+                ..bg("acme/m", "wait_steer")
+            },
+        )
+        .await;
+    }
+    for by_lead in [true, false] {
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        loop {
+            let resp = client
+                .status(pb::StatusRequest {
+                    lead_id: if by_lead {
+                        "lead-a".into()
+                    } else {
+                        String::new()
+                    },
+                    root_id: if by_lead {
+                        String::new()
+                    } else {
+                        root.id.clone()
+                    },
+                    page_size: 2,
+                    page_token: token.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(resp.agents.len() <= 2);
+            seen.extend(resp.agents.into_iter().map(|a| a.id));
+            if resp.next_page_token.is_empty() {
+                break;
+            }
+            token = resp.next_page_token;
+        }
+        assert_eq!(seen, expected, "by_lead = {by_lead}");
+    }
+    s.handle.shutdown().await.unwrap();
+}

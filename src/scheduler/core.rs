@@ -142,6 +142,12 @@ pub struct Core {
     parent_running: HashMap<ParentKey, u32>,
     tree_live: HashMap<AgentId, u32>,
     lead_live: HashMap<Arc<str>, HashSet<AgentId>>,
+    /// Every retained agent of a lead / of a tree, in admission order, so
+    /// `lead_id` and `root_id` listings do not scan all agents under the lock.
+    /// One ordered map each (not a map per lead or tree): most trees are a
+    /// single agent, and a map per tree cost ~400 bytes per retained agent.
+    by_lead: BTreeMap<(Arc<str>, u64), AgentId>,
+    by_root: BTreeMap<(AgentId, u64), AgentId>,
     idempotency: HashMap<(ParentKey, Arc<str>), AgentId>,
     /// Finished agents in finish order, for retention sweeps.
     finished: VecDeque<(SystemTime, AgentId)>,
@@ -178,6 +184,8 @@ impl Core {
             parent_running: HashMap::default(),
             tree_live: HashMap::default(),
             lead_live: HashMap::default(),
+            by_lead: BTreeMap::new(),
+            by_root: BTreeMap::new(),
             idempotency: HashMap::default(),
             finished: VecDeque::new(),
             waiters: HashMap::default(),
@@ -452,6 +460,11 @@ impl Core {
         }
         self.agents.insert(id, Box::new(record));
         self.order.insert(seq, id);
+        let rec = &self.agents[&id];
+        if let Some(lead) = &rec.view.lead_id {
+            self.by_lead.insert((lead.clone(), seq), id);
+        }
+        self.by_root.insert((rec.view.root_id, seq), id);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
 
@@ -992,31 +1005,54 @@ impl Core {
     /// Agents matching `filter`, oldest first, starting after admission
     /// sequence `after`, at most `limit`.
     pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
-        // Direct children come from the parent's own list (creation order),
-        // so listing a parent's children does not scan every retained agent
-        // under the lock. Other filters scan, testing the record before a
+        // Filters with an index (parent's child list, lead, tree) read only
+        // their own agents, so a listing does not scan every retained agent
+        // under the lock. Without one it scans, testing each record before a
         // view is built.
-        let by_parent: Option<Vec<(u64, &Record)>> = filter
-            .parent_id
-            .and_then(|p| self.agents.get(&p))
-            .map(|parent| {
-                parent
-                    .children
-                    .iter()
-                    .filter_map(|c| self.agents.get(c))
-                    .map(|rec| (rec.seq, &**rec))
-                    .filter(|(seq, _)| *seq > after)
-                    .collect()
-            });
-        let scan = || {
-            self.order
-                .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-                .map(|(&seq, id)| (seq, &*self.agents[id]))
-        };
-        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> = match by_parent {
-            Some(children) => Box::new(children.into_iter()),
-            None => Box::new(scan()),
-        };
+        let record = move |(seq, id): (u64, &AgentId)| self.agents.get(id).map(|r| (seq, &**r));
+        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> =
+            match (filter.parent_id.and_then(|p| self.agents.get(&p)), filter) {
+                (Some(parent), _) => Box::new(
+                    parent
+                        .children
+                        .iter()
+                        .filter_map(|c| self.agents.get(c))
+                        .map(|rec| (rec.seq, &**rec))
+                        .filter(move |(seq, _)| *seq > after),
+                ),
+                (
+                    None,
+                    AgentFilter {
+                        root_id: Some(root),
+                        ..
+                    },
+                ) => Box::new(
+                    self.by_root
+                        .range((*root, after.saturating_add(1))..=(*root, u64::MAX))
+                        .map(|(&(_, seq), id)| (seq, id))
+                        .filter_map(record),
+                ),
+                (
+                    None,
+                    AgentFilter {
+                        lead_id: Some(lead),
+                        ..
+                    },
+                ) => {
+                    let lead: Arc<str> = lead.as_str().into();
+                    Box::new(
+                        self.by_lead
+                            .range((lead.clone(), after.saturating_add(1))..=(lead, u64::MAX))
+                            .map(|(&(_, seq), id)| (seq, id))
+                            .filter_map(record),
+                    )
+                }
+                _ => Box::new(
+                    self.order
+                        .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                        .filter_map(|(&seq, id)| record((seq, id))),
+                ),
+            };
         let mut agents = Vec::new();
         let mut last = None;
         for (seq, rec) in candidates.filter(|(_, rec)| filter.matches(&rec.view)) {
@@ -1131,6 +1167,10 @@ impl Core {
             self.finished.pop_front();
             if let Some(rec) = self.agents.remove(&id) {
                 self.order.remove(&rec.seq);
+                if let Some(lead) = &rec.view.lead_id {
+                    self.by_lead.remove(&(lead.clone(), rec.seq));
+                }
+                self.by_root.remove(&(rec.view.root_id, rec.seq));
                 if let Some(k) = rec.idempotency_key {
                     self.idempotency.remove(&(rec.parent_key, k));
                 }
