@@ -105,28 +105,6 @@ fn delivery(r: &pb::SteerResponse) -> pb::SteerDelivery {
     pb::SteerDelivery::try_from(r.delivery).unwrap()
 }
 
-/// Every agent matching `req`, following page tokens.
-async fn list_all(client: &mut Client, req: pb::StatusRequest) -> Vec<pb::Agent> {
-    let mut agents = Vec::new();
-    let mut token = String::new();
-    for _ in 0..100 {
-        let resp = client
-            .status(pb::StatusRequest {
-                page_token: token,
-                ..req.clone()
-            })
-            .await
-            .expect("status succeeds")
-            .into_inner();
-        agents.extend(resp.agents);
-        if resp.next_page_token.is_empty() {
-            return agents;
-        }
-        token = resp.next_page_token;
-    }
-    panic!("listing did not end after 100 pages");
-}
-
 fn id_set<'a>(ids: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
     ids.into_iter().map(str::to_owned).collect()
 }
@@ -165,20 +143,7 @@ async fn next_event_of_kind(
     stream: &mut tonic::Streaming<pb::WatchAgentsResponse>,
     kind: pb::AgentEventKind,
 ) -> pb::WatchAgentsResponse {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let ev = stream
-                .message()
-                .await
-                .expect("stream ok")
-                .expect("stream open");
-            if ev.kind == kind as i32 {
-                return ev;
-            }
-        }
-    })
-    .await
-    .expect("event arrives within 10 s")
+    wait_for(stream, |ev| ev.kind == kind as i32).await
 }
 
 // ----- Await ------------------------------------------------------------------

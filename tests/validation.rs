@@ -48,25 +48,14 @@ fn assert_invalid_list(err: &tonic::Status, field: &str) {
 
 /// Every agent the server knows (live or retained), following page tokens.
 async fn all_agents(client: &mut Client) -> Vec<pb::Agent> {
-    let mut agents = Vec::new();
-    let mut token = String::new();
-    for _ in 0..100 {
-        let resp = client
-            .status(pb::StatusRequest {
-                page_token: token,
-                page_size: 1000,
-                ..Default::default()
-            })
-            .await
-            .expect("listing succeeds")
-            .into_inner();
-        agents.extend(resp.agents);
-        if resp.next_page_token.is_empty() {
-            return agents;
-        }
-        token = resp.next_page_token;
-    }
-    panic!("listing did not end after 100 pages");
+    list_all(
+        client,
+        pb::StatusRequest {
+            page_size: 1000,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 async fn spawn_err(client: &mut Client, req: pb::SpawnRequest) -> tonic::Status {

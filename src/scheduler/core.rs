@@ -254,11 +254,6 @@ impl Core {
         }
     }
 
-    /// The limits in force.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Retention of finished agents.
     pub fn finished_retention(&self) -> Duration {
         self.runs.finished_retention
@@ -997,11 +992,6 @@ impl Core {
         self.agents.get(&id).map(|r| self.view_of(r))
     }
 
-    /// Whether the agent is known (live or retained).
-    pub fn contains(&self, id: AgentId) -> bool {
-        self.agents.contains_key(&id)
-    }
-
     /// Agents matching `filter`, oldest first, starting after admission
     /// sequence `after`, at most `limit`.
     pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
@@ -1129,11 +1119,6 @@ impl Core {
         self.events.publish(kind, view);
     }
 
-    /// Number of WatchAgents subscribers.
-    pub fn subscribers(&self) -> usize {
-        self.events.subscribers()
-    }
-
     /// Stops admitting and cancels every live agent with `reason`, oldest
     /// first, in one step: nothing queued is started by the slots this
     /// frees. Returns how many agents were cancelled.
@@ -1251,11 +1236,6 @@ impl Core {
             .iter()
             .map(|(k, v)| (k.to_string(), *v, self.bucket_limit(k)))
             .collect()
-    }
-
-    /// Running children per parent key and the limit.
-    pub fn parent_usage(&self) -> Vec<u32> {
-        self.parent_running.values().copied().collect()
     }
 
     /// Admission sequence of an agent.

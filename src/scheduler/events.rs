@@ -132,11 +132,6 @@ impl EventLog {
         self.next - 1
     }
 
-    /// Number of live subscribers.
-    pub fn subscribers(&self) -> usize {
-        self.tx.receiver_count()
-    }
-
     /// Whether the retained history holds every event after
     /// `after_sequence`. A sequence this server never issued (from before a
     /// restart) cannot be replayed either.

@@ -100,6 +100,11 @@ impl Scheduler {
         out
     }
 
+    /// Mutates the core for a change that cannot start runs (run reports).
+    fn inspect_mut<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
+        f(&mut self.shared.core.lock())
+    }
+
     /// Reads the core without starting anything.
     pub fn inspect<R>(&self, f: impl FnOnce(&Core) -> R) -> R {
         f(&self.shared.core.lock())
@@ -399,13 +404,6 @@ impl RunReporter {
         self.scheduler
             .with_core(|c| c.request_approval(self.id, tool_name));
         std::future::pending::<()>().await;
-    }
-}
-
-impl Scheduler {
-    /// Mutates the core for a change that cannot start runs.
-    fn inspect_mut<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        f(&mut self.shared.core.lock())
     }
 }
 

@@ -196,11 +196,6 @@ impl AdmissionQueue {
         let id = *self.subqueues.get(key)?.get(&seq)?;
         Some((seq, id, key.clone()))
     }
-
-    /// Queued agents of a bucket, oldest first (for tests and reasons).
-    pub fn heads_of_bucket(&self, b: &BucketKey) -> usize {
-        self.by_bucket.get(b).map_or(0, BTreeMap::len)
-    }
 }
 
 #[cfg(test)]

@@ -194,6 +194,17 @@ pub async fn wait_for_event(
     id: &str,
     kind: pb::AgentEventKind,
 ) -> pb::WatchAgentsResponse {
+    wait_for(stream, |ev| {
+        ev.kind == kind as i32 && ev.agent.as_ref().map(|a| a.id.as_str()) == Some(id)
+    })
+    .await
+}
+
+/// Reads events until one passes `wanted`; panics after 10 s.
+pub async fn wait_for(
+    stream: &mut tonic::Streaming<pb::WatchAgentsResponse>,
+    wanted: impl Fn(&pb::WatchAgentsResponse) -> bool,
+) -> pb::WatchAgentsResponse {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let ev = stream
@@ -201,11 +212,36 @@ pub async fn wait_for_event(
                 .await
                 .expect("stream ok")
                 .expect("stream open");
-            if ev.kind == kind as i32 && ev.agent.as_ref().map(|a| a.id.as_str()) == Some(id) {
+            if wanted(&ev) {
                 return ev;
             }
         }
     })
     .await
     .expect("event arrives within 10 s")
+}
+
+/// Every agent matching `req`, following page tokens (at most 100 pages).
+pub async fn list_all(
+    client: &mut AgentServiceClient<Channel>,
+    req: pb::StatusRequest,
+) -> Vec<pb::Agent> {
+    let mut agents = Vec::new();
+    let mut token = String::new();
+    for _ in 0..100 {
+        let resp = client
+            .status(pb::StatusRequest {
+                page_token: token,
+                ..req.clone()
+            })
+            .await
+            .expect("status succeeds")
+            .into_inner();
+        agents.extend(resp.agents);
+        if resp.next_page_token.is_empty() {
+            return agents;
+        }
+        token = resp.next_page_token;
+    }
+    panic!("listing did not end after 100 pages");
 }
