@@ -12,10 +12,9 @@ pub mod simulated;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::scheduler::RunReporter;
+pub use crate::scheduler::{inbox::SteerInbox, RunReporter};
 use crate::scheduler::{AgentError, AgentView};
 
 /// What a run resolves to: the final result, or why it failed.
@@ -29,7 +28,7 @@ pub struct Run {
     /// The prompt.
     pub prompt: Arc<str>,
     /// Steer messages in arrival order (buffered ones first).
-    pub steer: mpsc::UnboundedReceiver<String>,
+    pub steer: SteerInbox,
     /// Cancelled when the scheduler ends the run (cancel, deadline, parent
     /// ended). The run future is also dropped then.
     pub cancel: CancellationToken,

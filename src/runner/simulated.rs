@@ -73,7 +73,7 @@ async fn simulate(mut run: Run) -> RunOutcome {
         .any(|l| !matches!(parse(l), Directive::Text(_)));
     if !has_directives {
         let mut result = prompt.to_string();
-        while let Ok(msg) = run.steer.try_recv() {
+        while let Some(msg) = run.steer.try_recv() {
             result.push('\n');
             result.push_str(&steer_line(&msg));
         }
@@ -118,7 +118,7 @@ async fn simulate(mut run: Run) -> RunOutcome {
             },
         }
     }
-    while let Ok(msg) = run.steer.try_recv() {
+    while let Some(msg) = run.steer.try_recv() {
         emit(&mut lines, &run, steer_line(&msg));
     }
     Ok(lines.join("\n"))

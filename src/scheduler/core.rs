@@ -13,13 +13,14 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
     error::{Error, FieldViolation},
     events::{EventKind, EventLog, Subscription},
+    inbox::{steer_inbox, SteerInbox, SteerSender},
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
     state::{check_move, Held},
     types::*,
@@ -40,8 +41,8 @@ pub struct RunStart {
     pub runner: RunnerKind,
     /// The prompt.
     pub prompt: Arc<str>,
-    /// Steer messages: buffered ones are already in the channel.
-    pub steer: mpsc::UnboundedReceiver<String>,
+    /// Steer messages: buffered ones are already in the inbox.
+    pub steer: SteerInbox,
     /// Cancelled when the agent ends for any reason other than the run's own
     /// report.
     pub cancel: CancellationToken,
@@ -53,7 +54,7 @@ pub struct RunStart {
 #[derive(Debug)]
 struct RunControl {
     cancel: CancellationToken,
-    steer: mpsc::UnboundedSender<String>,
+    steer: SteerSender,
 }
 
 /// How a steer message was handled.
@@ -398,7 +399,7 @@ impl Core {
             });
         }
 
-        let id = Uuid::new_v4();
+        let id = Uuid::now_v7();
         let seq = self.next_seq;
         self.next_seq += 1;
         let bucket = self.bucket_for(&spec.model);
@@ -654,7 +655,7 @@ impl Core {
         }
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tx, rx) = steer_inbox();
             rec.run = Some(RunControl {
                 cancel: CancellationToken::new(),
                 steer: tx,

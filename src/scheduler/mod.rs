@@ -7,6 +7,7 @@
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod inbox;
 pub mod queue;
 pub mod state;
 pub mod types;

@@ -127,6 +127,13 @@ pub struct RunArgs {
         value_name = "NAME,…"
     )]
     pub scenarios: Vec<Scenario>,
+    /// Run the whole scenario list this many times, interleaved (baseline,
+    /// bg-spawn, …, baseline, bg-spawn, …). Each ratio is taken against the
+    /// baseline of its own round and the verdicts use the median over the
+    /// rounds, so one noisy phase on a shared machine cannot decide a
+    /// target.
+    #[arg(long, default_value = "1", value_parser = parse_positive, value_name = "N")]
+    pub rounds: usize,
     /// Print one JSON document on stdout instead of the table (progress
     /// still goes to stderr).
     #[arg(long)]

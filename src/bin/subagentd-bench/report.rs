@@ -57,6 +57,8 @@ pub struct RunSettings {
     pub watchers: usize,
     /// Connections the watchers share.
     pub watcher_connections: usize,
+    /// Passes over the scenario list.
+    pub rounds: usize,
     /// Concurrencies, in order.
     pub concurrency: Vec<usize>,
     /// Scenarios, in order.
@@ -85,6 +87,8 @@ impl Failure {
 /// One scenario at one concurrency.
 #[derive(Debug, Serialize)]
 pub struct Row {
+    /// Which pass over the scenario list (1-based, see `--rounds`).
+    pub round: usize,
     /// Scenario.
     pub scenario: Scenario,
     /// In-flight requests.
@@ -106,9 +110,9 @@ pub struct Row {
     /// Non-OK answers (warm-up included) by status code name, or
     /// `BAD_RESPONSE`. Empty when all were OK.
     pub errors: BTreeMap<String, u64>,
-    /// requests/s ÷ baseline requests/s at the same concurrency.
+    /// requests/s ÷ baseline requests/s at the same concurrency and round.
     pub rps_vs_baseline: Option<f64>,
-    /// p99 ÷ baseline p99 at the same concurrency.
+    /// p99 ÷ baseline p99 at the same concurrency and round.
     pub p99_vs_baseline: Option<f64>,
     /// Server user+system CPU seconds per 1000 timed answers.
     pub server_cpu_s_per_1k: f64,
@@ -160,6 +164,7 @@ impl Row {
         let ms = |micros: u64| micros as f64 / 1000.0;
         let per_1k = |cpu_s: f64| cpu_s * 1000.0 / (m.result.requests().max(1) as f64);
         Self {
+            round: 1,
             scenario,
             concurrency,
             requests: m.result.requests(),
@@ -238,6 +243,7 @@ impl RunReport {
                 connections: args.connections,
                 watchers: args.watchers,
                 watcher_connections: args.watcher_connections,
+                rounds: args.rounds,
                 concurrency: args.concurrency.clone(),
                 scenarios: args.scenarios.clone(),
             },
@@ -247,22 +253,25 @@ impl RunReport {
         }
     }
 
-    fn row(&self, scenario: Scenario, concurrency: usize) -> Option<&Row> {
+    fn row(&self, round: usize, scenario: Scenario, concurrency: usize) -> Option<&Row> {
         self.rows
             .iter()
-            .find(|r| r.scenario == scenario && r.concurrency == concurrency)
+            .find(|r| r.round == round && r.scenario == scenario && r.concurrency == concurrency)
     }
 
     /// Fills the ratios to the baseline and decides the verdicts.
     pub fn finish(&mut self) {
-        let baselines: Vec<(usize, f64, f64)> = self
+        let baselines: Vec<(usize, usize, f64, f64)> = self
             .rows
             .iter()
             .filter(|r| r.scenario == Scenario::Baseline)
-            .map(|r| (r.concurrency, r.requests_per_s, r.p99_ms))
+            .map(|r| (r.round, r.concurrency, r.requests_per_s, r.p99_ms))
             .collect();
         for row in &mut self.rows {
-            if let Some(&(_, rps, p99)) = baselines.iter().find(|b| b.0 == row.concurrency) {
+            if let Some(&(_, _, rps, p99)) = baselines
+                .iter()
+                .find(|b| b.0 == row.round && b.1 == row.concurrency)
+            {
                 row.rps_vs_baseline = ratio(row.requests_per_s, rps);
                 row.p99_vs_baseline = ratio(row.p99_ms, p99);
             }
@@ -270,63 +279,60 @@ impl RunReport {
         self.verdicts = self.verdicts();
     }
 
+    /// `f(a, b)` for every round that measured both `a` and `b` at
+    /// `concurrency`.
+    fn per_round(
+        &self,
+        a: Scenario,
+        b: Scenario,
+        concurrency: usize,
+        f: impl Fn(&Row, &Row) -> f64,
+    ) -> Vec<f64> {
+        (1..=self.settings.rounds)
+            .filter_map(|round| {
+                let ra = self.row(round, a, concurrency)?;
+                let rb = self.row(round, b, concurrency)?;
+                Some(f(ra, rb))
+            })
+            .collect()
+    }
+
     fn verdicts(&self) -> Vec<Verdict> {
-        let base64 = self.row(Scenario::Baseline, 64);
-        let bg64 = self.row(Scenario::BgSpawn, 64);
-        let base16 = self.row(Scenario::Baseline, 16);
-        let bg16 = self.row(Scenario::BgSpawn, 16);
-        let watched64 = self.row(Scenario::BgSpawnWatched, 64);
-        let watch64 = watched64.and_then(|r| r.watch.as_ref());
+        use Scenario::{Baseline, BgSpawn, BgSpawnWatched};
+        let rps = |s: &Row, base: &Row| s.requests_per_s / base.requests_per_s;
+        let p99 = |s: &Row, base: &Row| s.p99_ms / base.p99_ms;
+        let watched_events: Vec<(f64, usize)> = (1..=self.settings.rounds)
+            .filter_map(|round| self.row(round, BgSpawnWatched, 64)?.watch.as_ref())
+            .map(|w| (w.events_per_s, w.watchers))
+            .collect();
         vec![
             Verdict::decide(
                 "background Spawn throughput ≥ 0.8 × baseline at concurrency 64",
-                base64.zip(bg64).map(|(b, s)| {
-                    let r = s.requests_per_s / b.requests_per_s;
-                    (
-                        r >= BG_SPAWN_THROUGHPUT_TARGET,
-                        format!(
-                            "{:.0} vs {:.0} req/s = {r:.2}×",
-                            s.requests_per_s, b.requests_per_s
-                        ),
-                    )
-                }),
+                Spread::of(self.per_round(BgSpawn, Baseline, 64, rps))
+                    .map(|r| (r.median >= BG_SPAWN_THROUGHPUT_TARGET, r.describe("×"))),
                 "baseline and bg-spawn at concurrency 64",
             ),
             Verdict::decide(
                 "background Spawn p99 ≤ 1.5 × baseline p99 at concurrency 16",
-                base16.zip(bg16).map(|(b, s)| {
-                    let r = s.p99_ms / b.p99_ms;
-                    (
-                        r <= BG_SPAWN_P99_TARGET,
-                        format!("{:.3} vs {:.3} ms = {r:.2}×", s.p99_ms, b.p99_ms),
-                    )
-                }),
+                Spread::of(self.per_round(BgSpawn, Baseline, 16, p99))
+                    .map(|r| (r.median <= BG_SPAWN_P99_TARGET, r.describe("×"))),
                 "baseline and bg-spawn at concurrency 16",
             ),
             Verdict::decide(
                 "with 100 watchers: ≥ 1M events/s delivered in total (concurrency 64)",
-                watch64.map(|w| {
-                    let mut detail =
-                        format!("{:.0} events/s to {} watchers", w.events_per_s, w.watchers);
-                    if w.watchers != 100 {
+                Spread::of(watched_events.iter().map(|e| e.0).collect()).map(|r| {
+                    let mut detail = r.describe(" events/s");
+                    if watched_events.iter().any(|e| e.1 != 100) {
                         detail.push_str(" (the target is stated for 100 watchers)");
                     }
-                    (w.events_per_s >= WATCH_EVENTS_TARGET, detail)
+                    (r.median >= WATCH_EVENTS_TARGET, detail)
                 }),
                 "bg-spawn-watched at concurrency 64",
             ),
             Verdict::decide(
                 "with 100 watchers: Spawn throughput ≥ 0.9 × without watchers (concurrency 64)",
-                watched64.zip(bg64).map(|(w, s)| {
-                    let r = w.requests_per_s / s.requests_per_s;
-                    (
-                        r >= WATCHED_THROUGHPUT_TARGET,
-                        format!(
-                            "{:.0} vs {:.0} req/s = {r:.2}×",
-                            w.requests_per_s, s.requests_per_s
-                        ),
-                    )
-                }),
+                Spread::of(self.per_round(BgSpawnWatched, BgSpawn, 64, rps))
+                    .map(|r| (r.median >= WATCHED_THROUGHPUT_TARGET, r.describe("×"))),
                 "bg-spawn and bg-spawn-watched at concurrency 64",
             ),
         ]
@@ -345,6 +351,56 @@ impl RunReport {
     }
 }
 
+/// The median and range of one number over the rounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+    rounds: usize,
+}
+
+impl Spread {
+    /// None when no round measured it.
+    fn of(mut values: Vec<f64>) -> Option<Self> {
+        values.retain(|v| v.is_finite());
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => values[n / 2],
+            _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+        };
+        Some(Self {
+            median,
+            min: values[0],
+            max: values[n - 1],
+            rounds: n,
+        })
+    }
+
+    fn describe(&self, unit: &str) -> String {
+        let fmt = |v: f64| {
+            if v >= 1000.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.2}")
+            }
+        };
+        if self.rounds == 1 {
+            format!("{}{unit}", fmt(self.median))
+        } else {
+            format!(
+                "median {}{unit} over {} rounds (range {}–{})",
+                fmt(self.median),
+                self.rounds,
+                fmt(self.min),
+                fmt(self.max)
+            )
+        }
+    }
+}
+
 fn ratio(value: f64, base: f64) -> Option<f64> {
     (base > 0.0).then(|| value / base)
 }
@@ -356,10 +412,11 @@ pub fn render_run(report: &RunReport) -> String {
     let _ = writeln!(
         out,
         "\nsubagentd-bench run — {} build, {}\n{} s timed + {} s warm-up per row, {} connections; \
-         ratios are to the baseline at the same concurrency",
+         ratios are to the baseline at the same concurrency (and round)",
         report.build, report.machine, s.duration_s, s.warmup_s, s.connections
     );
-    let headers = [
+    let rounds = s.rounds > 1;
+    let mut headers = vec![
         "scenario",
         "conc",
         "req/s",
@@ -377,7 +434,7 @@ pub fn render_run(report: &RunReport) -> String {
         .rows
         .iter()
         .map(|r| {
-            vec![
+            let mut cells = vec![
                 r.scenario.to_string(),
                 r.concurrency.to_string(),
                 format!("{:.0}", r.requests_per_s),
@@ -392,11 +449,22 @@ pub fn render_run(report: &RunReport) -> String {
                 format!("{:.4}", r.server_cpu_s_per_1k),
                 format!("{:.4}", r.client_cpu_s_per_1k),
                 format!("{:.1}", r.server_peak_rss_mib),
-            ]
+            ];
+            if rounds {
+                cells.insert(0, r.round.to_string());
+            }
+            cells
         })
         .collect();
+    if rounds {
+        headers.insert(0, "round");
+    }
     out.push('\n');
     out.push_str(&render_table(&headers, &rows));
+
+    if rounds {
+        render_medians(&mut out, report);
+    }
 
     let watch_rows: Vec<Vec<String>> = report
         .rows
@@ -584,6 +652,52 @@ pub fn render_memory(report: &MemoryReport) -> String {
     render_verdicts(&mut out, &report.verdicts);
     render_failures(&mut out, &report.failures);
     out
+}
+
+/// Per scenario and concurrency: the median of each round's ratio to its
+/// own baseline.
+fn render_medians(out: &mut String, report: &RunReport) {
+    let mut keys: Vec<(Scenario, usize)> = report
+        .rows
+        .iter()
+        .map(|r| (r.scenario, r.concurrency))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let spread = |scenario: Scenario, concurrency: usize, f: fn(&Row) -> Option<f64>| {
+        Spread::of(
+            report
+                .rows
+                .iter()
+                .filter(|r| r.scenario == scenario && r.concurrency == concurrency)
+                .filter_map(f)
+                .collect(),
+        )
+        .map_or("-".to_owned(), |s| {
+            format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max)
+        })
+    };
+    let rows: Vec<Vec<String>> = keys
+        .into_iter()
+        .map(|(scenario, concurrency)| {
+            vec![
+                scenario.to_string(),
+                concurrency.to_string(),
+                spread(scenario, concurrency, |r| Some(r.requests_per_s / 1000.0)),
+                spread(scenario, concurrency, |r| r.rps_vs_baseline),
+                spread(scenario, concurrency, |r| r.p99_vs_baseline),
+            ]
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nmedian over {} rounds (range), ratios to the same round's baseline",
+        report.settings.rounds
+    );
+    out.push_str(&render_table(
+        &["scenario", "conc", "k req/s", "req/s ×base", "p99 ×base"],
+        &rows,
+    ));
 }
 
 fn render_verdicts(out: &mut String, verdicts: &[Verdict]) {

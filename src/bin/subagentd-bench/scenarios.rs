@@ -74,8 +74,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     let mut report = RunReport::new(&args);
+    for round in 1..=args.rounds {
+        run_round(round, &args, subagentd.as_ref(), &mut report).await;
+    }
+    report.finish();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report::render_run(&report));
+    }
+    Ok(if report.saw_errors() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One pass over the scenario list; its rows carry `round`.
+async fn run_round(
+    round: usize,
+    args: &RunArgs,
+    subagentd: Option<&Result<std::path::PathBuf, String>>,
+    report: &mut RunReport,
+) {
     for &scenario in &args.scenarios {
-        let kind = match (scenario, &subagentd) {
+        let kind = match (scenario, subagentd) {
             (Scenario::Baseline, _) => ServerKind::Noop,
             (_, Some(Ok(bin))) => ServerKind::Subagentd {
                 bin: bin.clone(),
@@ -89,9 +112,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             (_, None) => unreachable!("subagentd is looked up whenever a scenario needs it"),
         };
-        eprintln!("[{scenario}] starting server");
-        let (rows, failure) = run_scenario(scenario, &kind, &args).await;
-        report.rows.extend(rows);
+        eprintln!("[{scenario}] round {round}: starting server");
+        let (rows, failure) = run_scenario(scenario, &kind, args).await;
+        report
+            .rows
+            .extend(rows.into_iter().map(|row| Row { round, ..row }));
         if let Some(e) = failure {
             eprintln!("[{scenario}] failed: {e:#}");
             report
@@ -99,17 +124,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .push(Failure::new(Some(scenario), format!("{e:#}")));
         }
     }
-    report.finish();
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report::render_run(&report));
-    }
-    Ok(if report.saw_errors() {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
 }
 
 /// One scenario on its own server. Rows measured before a failure are kept;
