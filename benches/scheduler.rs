@@ -12,7 +12,7 @@ use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
         queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
-        AgentFilter, AgentId, Core, ParentKey, SpawnSpec,
+        AgentId, Core, ParentKey, SpawnSpec, WatchQuery,
     },
 };
 
@@ -182,7 +182,7 @@ fn watch_fanout(c: &mut Criterion) {
                 || {
                     let mut core = core(1);
                     let subs: Vec<_> = (0..subscribers)
-                        .map(|_| core.subscribe(&AgentFilter::default(), 0, false).live)
+                        .map(|_| core.subscribe(&WatchQuery::default()).live)
                         .collect();
                     (core, subs)
                 },

@@ -111,7 +111,15 @@ async fn reflection_v1_lists_the_api_and_serves_its_descriptor() {
     let methods: Vec<&str> = api.service[0].method.iter().map(|m| m.name()).collect();
     assert_eq!(
         methods,
-        ["Spawn", "Status", "Await", "Cancel", "Steer", "WatchAgents"]
+        [
+            "Spawn",
+            "Status",
+            "Await",
+            "Cancel",
+            "Steer",
+            "WatchAgents",
+            "Approve"
+        ]
     );
     s.handle.shutdown().await.unwrap();
 }

@@ -30,11 +30,15 @@ use proptest::{prelude::*, sample::Index, test_runner::Config as ProptestConfig}
 use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
-        core::Counters, AgentError, AgentFilter, AgentId, AgentStatus, AgentView, Core, Error,
-        Event, EventKind, SpawnSpec,
+        core::Counters, AgentError, AgentId, AgentStatus, AgentView, ApprovalOutcome, Core, Error,
+        Event, EventKind, SpawnSpec, WatchQuery,
     },
 };
-use tokio::sync::broadcast::{self, error::TryRecvError};
+use tokio::sync::{
+    broadcast::{self, error::TryRecvError},
+    oneshot,
+};
+use uuid::Uuid;
 
 const MODELS: [&str; 3] = ["p1/a", "p1/b", "p2/c"];
 const PROVIDERS: [&str; 2] = ["p1", "p2"];
@@ -112,8 +116,13 @@ enum Op {
     CancelLead(usize),
     /// A running agent asks for approval.
     RequestApproval(Index),
-    /// An awaiting agent's approval is decided.
-    Resume(Index),
+    /// An awaiting agent's approval is decided (approved or denied), naming
+    /// the pending approval or, when the flag says so, another one.
+    Decide {
+        agent: Index,
+        approve: bool,
+        wrong_id: bool,
+    },
     /// A reload with new limits.
     Reconfigure(LimitsPick),
 }
@@ -187,7 +196,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<Index>().prop_map(Op::Cancel),
         1 => (0..LEADS.len()).prop_map(Op::CancelLead),
         2 => any::<Index>().prop_map(Op::RequestApproval),
-        2 => any::<Index>().prop_map(Op::Resume),
+        2 => (any::<Index>(), any::<bool>(), prop::bool::weighted(0.2)).prop_map(
+            |(agent, approve, wrong_id)| Op::Decide {
+                agent,
+                approve,
+                wrong_id
+            }
+        ),
         1 => limits_pick().prop_map(Op::Reconfigure),
     ]
 }
@@ -281,8 +296,20 @@ struct Harness {
     last_sequence: u64,
     /// Agents whose run started for the first time during this step.
     first_starts: Vec<AgentId>,
+    /// Approvals requested and not yet delivered to their run.
+    approvals: HashMap<AgentId, PendingApproval>,
     /// The step being checked, for failure messages.
     ctx: String,
+}
+
+/// An approval a run asked for, from the run's side.
+#[derive(Debug)]
+struct PendingApproval {
+    id: Uuid,
+    /// Where the run receives the decision.
+    decision: oneshot::Receiver<ApprovalOutcome>,
+    /// The decision made through the core, not yet seen by the run.
+    decided: Option<ApprovalOutcome>,
 }
 
 fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
@@ -314,7 +341,7 @@ impl Harness {
             subscriber_buffer: 1 << 16,
         };
         let mut core = Core::new(limits.clone(), RunsConfig::default(), &watch, agent_types());
-        let events = core.subscribe(&AgentFilter::default(), 0, false).live;
+        let events = core.subscribe(&WatchQuery::default()).live;
         Self {
             core,
             events,
@@ -325,6 +352,7 @@ impl Harness {
             agents: HashMap::new(),
             last_sequence: 0,
             first_starts: Vec::new(),
+            approvals: HashMap::new(),
             ctx: String::new(),
         }
     }
@@ -576,10 +604,15 @@ impl Harness {
             Op::Cancel(i) => self.cancel(i),
             Op::CancelLead(l) => self.cancel_lead(LEADS[*l]),
             Op::RequestApproval(i) => self.request_approval(i),
-            Op::Resume(i) => self.resume(i),
+            Op::Decide {
+                agent,
+                approve,
+                wrong_id,
+            } => self.decide(agent, *approve, *wrong_id),
             Op::Reconfigure(pick) => self.reconfigure(pick),
         }
         self.check_invariants(&running_before);
+        self.check_approvals();
     }
 
     fn spawn(
@@ -838,7 +871,7 @@ impl Harness {
             if !self.order.is_empty() {
                 let id = *i.get(&self.order);
                 assert!(
-                    self.core.request_approval(id, "shell").is_none(),
+                    self.core.request_approval(id, "shell", "").is_none(),
                     "{}: approval requested by an agent that is not running",
                     self.ctx
                 );
@@ -847,10 +880,19 @@ impl Harness {
             return;
         }
         let id = *i.get(&running);
-        let approval = self.core.request_approval(id, "shell");
+        let approval = self.core.request_approval(id, "shell", "rm -rf /tmp/x");
         let ctx = &self.ctx;
-        let approval = approval.unwrap_or_else(|| panic!("{ctx}: approval refused"));
+        let (approval, decision) = approval.unwrap_or_else(|| panic!("{ctx}: approval refused"));
         assert_eq!(&*approval.tool_name, "shell");
+        assert_eq!(&*approval.detail, "rm -rf /tmp/x");
+        self.approvals.insert(
+            id,
+            PendingApproval {
+                id: approval.id,
+                decision,
+                decided: None,
+            },
+        );
         let events = self.drain_events();
         assert_eq!(
             events.first(),
@@ -860,14 +902,19 @@ impl Harness {
         );
     }
 
-    fn resume(&mut self, i: &Index) {
+    fn decide(&mut self, i: &Index, approve: bool, wrong_id: bool) {
+        let outcome = ApprovalOutcome {
+            approved: approve,
+            note: if approve { String::new() } else { "no".into() },
+        };
         let awaiting = self.ids_with(AgentStatus::AwaitingApproval);
         if awaiting.is_empty() {
             if !self.order.is_empty() {
                 let id = *i.get(&self.order);
+                let refused = self.core.decide_approval(id, Uuid::new_v4(), outcome);
                 assert!(
-                    !self.core.resume(id),
-                    "{}: resumed an agent that was not awaiting approval",
+                    matches!(refused, Err(Error::NotAwaitingApproval { .. })),
+                    "{}: decided an agent that was not awaiting approval: {refused:?}",
                     self.ctx
                 );
                 self.assert_no_events();
@@ -875,15 +922,68 @@ impl Harness {
             return;
         }
         let id = *i.get(&awaiting);
-        assert!(self.core.resume(id), "{}: resume refused", self.ctx);
+        let pending = self.approvals[&id].id;
+        if wrong_id {
+            let refused = self.core.decide_approval(id, Uuid::new_v4(), outcome);
+            assert!(
+                matches!(refused, Err(Error::ApprovalMismatch { .. })),
+                "{}: a wrong approval id was accepted: {refused:?}",
+                self.ctx
+            );
+            self.assert_no_events();
+            return;
+        }
+        let ctx = &self.ctx;
+        let view = self
+            .core
+            .decide_approval(id, pending, outcome.clone())
+            .unwrap_or_else(|e| panic!("{ctx}: decision refused: {e}"));
+        self.approvals.get_mut(&id).expect("pending").decided = Some(outcome);
         self.drain_events();
         let m = &self.agents[&id];
         assert!(
             m.is(AgentStatus::Running) || m.is(AgentStatus::Queued),
-            "{}: a resumed agent is {:?}",
+            "{}: a decided agent is {:?}",
             self.ctx,
             m.status
         );
+        assert_eq!(Some(view.status), m.status, "{}: returned view", self.ctx);
+    }
+
+    /// A run learns its decision exactly when it runs again: not while it
+    /// waits for the decision or for a slot, and never twice.
+    fn check_approvals(&mut self) {
+        let ctx = &self.ctx;
+        let mut delivered = Vec::new();
+        for (id, pending) in &mut self.approvals {
+            let status = self.agents[id].status.expect("agent has a status");
+            match (status, pending.decision.try_recv()) {
+                (AgentStatus::Running, Ok(got)) => {
+                    assert_eq!(
+                        Some(&got),
+                        pending.decided.as_ref(),
+                        "{ctx}: the run got another decision"
+                    );
+                    delivered.push(*id);
+                }
+                (AgentStatus::Running, Err(e)) => {
+                    panic!("{ctx}: a running agent's run did not get its decision: {e:?}")
+                }
+                (AgentStatus::AwaitingApproval | AgentStatus::Queued, Err(e)) => assert_eq!(
+                    e,
+                    oneshot::error::TryRecvError::Empty,
+                    "{ctx}: decision channel of a waiting agent"
+                ),
+                (AgentStatus::AwaitingApproval | AgentStatus::Queued, Ok(got)) => {
+                    panic!("{ctx}: the run got {got:?} before running again")
+                }
+                (_, Ok(got)) => panic!("{ctx}: an ended agent's run got {got:?}"),
+                (_, Err(_)) => delivered.push(*id),
+            }
+        }
+        for id in delivered {
+            self.approvals.remove(&id);
+        }
     }
 
     fn reconfigure(&mut self, pick: &LimitsPick) {

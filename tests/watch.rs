@@ -113,7 +113,7 @@ fn status_after(k: Kind) -> Option<pb::AgentStatus> {
         Kind::Done => pb::AgentStatus::Done,
         Kind::Failed => pb::AgentStatus::Failed,
         Kind::Cancelled => pb::AgentStatus::Cancelled,
-        Kind::Snapshot | Kind::Unspecified => return None,
+        Kind::Snapshot | Kind::Unspecified | Kind::Output | Kind::ToolCall => return None,
     })
 }
 

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use crate::pb;
 use crate::scheduler::{
-    AgentFilter, AgentId, AgentStatus, AgentView, AwaitMode, Error, Event, EventKind,
-    FieldViolation, ModelRef, SpawnSpec, SteerDelivery,
+    AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error, Event,
+    EventKind, FieldViolation, ModelRef, Progress, SpawnSpec, SteerDelivery, WatchQuery,
 };
 
 /// Most ids one Status, Await or WatchAgents request may name.
@@ -28,6 +28,8 @@ pub const MAX_RUN_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest Status page size.
 pub const MAX_PAGE_SIZE: usize = 1000;
+/// Longest approval note accepted.
+pub const MAX_NOTE_BYTES: usize = 64 * 1024;
 
 /// Collects field violations while parsing one request.
 #[derive(Default)]
@@ -47,12 +49,16 @@ impl Violations {
     }
 
     fn id(&mut self, field: &str, raw: &str) -> Option<AgentId> {
+        self.uuid(field, raw, "an agent id")
+    }
+
+    fn uuid(&mut self, field: &str, raw: &str, what: &str) -> Option<Uuid> {
         match Uuid::parse_str(raw) {
             Ok(id) => Some(id),
             Err(_) => {
                 self.add(
                     field,
-                    format!("\"{}\" is not an agent id (a UUID)", truncate(raw)),
+                    format!("\"{}\" is not {what} (a UUID)", truncate(raw)),
                 );
                 None
             }
@@ -337,15 +343,44 @@ pub fn parse_steer(req: pb::SteerRequest) -> Result<(AgentId, String), Error> {
     Ok((id.expect("id set when no violation"), req.message))
 }
 
-/// A parsed WatchAgentsRequest.
-#[derive(Debug)]
-pub struct WatchQuery {
-    /// Which agents.
-    pub filter: AgentFilter,
-    /// Replay after this sequence (0 = none).
-    pub after_sequence: u64,
-    /// Start with a snapshot.
-    pub include_snapshot: bool,
+/// Parses an ApproveRequest.
+pub fn parse_approve(req: pb::ApproveRequest) -> Result<(AgentId, Uuid, ApprovalOutcome), Error> {
+    let mut v = Violations::default();
+    let id = v.id("id", &req.id);
+    let approval_id = v.uuid("approval_id", &req.approval_id, "an approval id");
+    let approved = match pb::ApprovalDecision::try_from(req.decision) {
+        Ok(pb::ApprovalDecision::Approve) => Some(true),
+        Ok(pb::ApprovalDecision::Deny) => Some(false),
+        Ok(pb::ApprovalDecision::Unspecified) => {
+            v.add(
+                "decision",
+                "must be APPROVAL_DECISION_APPROVE or APPROVAL_DECISION_DENY",
+            );
+            None
+        }
+        Err(_) => {
+            v.add("decision", format!("unknown value {}", req.decision));
+            None
+        }
+    };
+    if req.note.len() > MAX_NOTE_BYTES {
+        v.add(
+            "note",
+            format!(
+                "is {} bytes; at most {MAX_NOTE_BYTES} bytes allowed",
+                req.note.len()
+            ),
+        );
+    }
+    v.finish(())?;
+    Ok((
+        id.expect("id set when no violation"),
+        approval_id.expect("approval_id set when no violation"),
+        ApprovalOutcome {
+            approved: approved.expect("decision set when no violation"),
+            note: req.note,
+        },
+    ))
 }
 
 /// Parses a WatchAgentsRequest.
@@ -369,6 +404,7 @@ pub fn parse_watch(req: pb::WatchAgentsRequest) -> Result<WatchQuery, Error> {
         },
         after_sequence: req.after_sequence,
         include_snapshot: req.include_snapshot,
+        include_progress: req.include_progress,
     })
 }
 
@@ -423,6 +459,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         approval: a.approval.as_ref().map(|ap| pb::Approval {
             id: ap.id.to_string(),
             tool_name: ap.tool_name.to_string(),
+            detail: ap.detail.to_string(),
         }),
         usage: Some(pb::Usage {
             input_tokens: a.usage.input_tokens,
@@ -458,11 +495,26 @@ pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
         EventKind::Done => pb::AgentEventKind::Done,
         EventKind::Failed => pb::AgentEventKind::Failed,
         EventKind::Cancelled => pb::AgentEventKind::Cancelled,
+        EventKind::Output => pb::AgentEventKind::Output,
+        EventKind::ToolCall => pb::AgentEventKind::ToolCall,
+    };
+    let (output, tool_call) = match &e.progress {
+        None => (String::new(), None),
+        Some(Progress::Output(chunk)) => (chunk.to_string(), None),
+        Some(Progress::ToolCall { name, input_digest }) => (
+            String::new(),
+            Some(pb::ToolCall {
+                name: name.to_string(),
+                input_digest: input_digest.to_string(),
+            }),
+        ),
     };
     pb::WatchAgentsResponse {
         sequence: e.sequence,
         kind: kind as i32,
         agent: Some(agent_to_pb(&e.agent, e.at)),
+        output,
+        tool_call,
     }
 }
 

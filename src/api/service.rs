@@ -46,9 +46,7 @@ impl AgentServiceImpl {
         request: pb::WatchAgentsRequest,
     ) -> Result<EncodedWatchStream, Status> {
         let q = convert::parse_watch(request)?;
-        let sub = self
-            .scheduler
-            .subscribe(&q.filter, q.after_sequence, q.include_snapshot);
+        let sub = self.scheduler.subscribe(&q);
         let state = WatchState {
             resume_after: sub.position,
             initial: sub.initial.into_iter(),
@@ -146,6 +144,17 @@ impl AgentService for AgentServiceImpl {
         }))
     }
 
+    async fn approve(
+        &self,
+        request: Request<pb::ApproveRequest>,
+    ) -> Result<Response<pb::ApproveResponse>, Status> {
+        let (id, approval_id, outcome) = convert::parse_approve(request.into_inner())?;
+        let agent = self.scheduler.approve(id, approval_id, outcome)?;
+        Ok(Response::new(pb::ApproveResponse {
+            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
+        }))
+    }
+
     type WatchAgentsStream = WatchStream;
 
     async fn watch_agents(
@@ -170,6 +179,8 @@ impl AgentService for AgentServiceImpl {
 /// pass its filter.
 struct WatchState {
     initial: std::vec::IntoIter<Arc<Event>>,
+    /// Lifecycle events, plus progress if the subscriber asked for it (the
+    /// scheduler hands out the matching channel).
     live: broadcast::Receiver<Arc<Event>>,
     filter: AgentFilter,
     /// Sequence a client should resume after if cut off now.

@@ -29,6 +29,10 @@ pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
 pub const REASON_DESCENDANT_LIMIT_REACHED: &str = "DESCENDANT_LIMIT_REACHED";
 /// The server is shutting down.
 pub const REASON_SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+/// Approve for an agent with no pending approval.
+pub const REASON_NOT_AWAITING_APPROVAL: &str = "NOT_AWAITING_APPROVAL";
+/// Approve naming an approval other than the pending one.
+pub const REASON_APPROVAL_MISMATCH: &str = "APPROVAL_MISMATCH";
 /// A WatchAgents subscriber fell behind its buffer.
 pub const REASON_WATCH_LAGGED: &str = "WATCH_LAGGED";
 
@@ -155,6 +159,37 @@ impl From<Error> for Status {
             Error::ShuttingDown => {
                 info(&mut d, REASON_SHUTTING_DOWN, &[]);
                 Code::Unavailable
+            }
+            Error::NotAwaitingApproval { id, status } => {
+                let status = crate::api::convert::status_to_pb(*status).as_str_name();
+                info(
+                    &mut d,
+                    REASON_NOT_AWAITING_APPROVAL,
+                    &[("id", id.to_string()), ("status", status.to_owned())],
+                );
+                d.add_precondition_failure_violation(
+                    "NOT_AWAITING_APPROVAL",
+                    id.to_string(),
+                    format!("the agent is {status}, not AGENT_STATUS_AWAITING_APPROVAL"),
+                );
+                Code::FailedPrecondition
+            }
+            Error::ApprovalMismatch { id, given, pending } => {
+                info(
+                    &mut d,
+                    REASON_APPROVAL_MISMATCH,
+                    &[
+                        ("id", id.to_string()),
+                        ("approval_id", given.to_string()),
+                        ("pending_approval_id", pending.to_string()),
+                    ],
+                );
+                d.add_precondition_failure_violation(
+                    "APPROVAL_MISMATCH",
+                    format!("{id}/{given}"),
+                    "not the agent's pending approval",
+                );
+                Code::FailedPrecondition
             }
         };
         Status::with_error_details(code, message, d)

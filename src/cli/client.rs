@@ -293,6 +293,40 @@ impl SteerArgs {
     }
 }
 
+/// Arguments of `approve` (ApproveRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApproveArgs {
+    /// The agent awaiting approval.
+    pub id: String,
+    /// Its pending approval's id (shown by `status` and `await`).
+    pub approval_id: String,
+    /// Deny instead of approve.
+    #[arg(long)]
+    pub deny: bool,
+    /// A note passed to the run with the decision.
+    #[arg(long)]
+    pub note: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl ApproveArgs {
+    /// The ApproveRequest for these arguments.
+    pub fn to_request(&self) -> pb::ApproveRequest {
+        let decision = if self.deny {
+            pb::ApprovalDecision::Deny
+        } else {
+            pb::ApprovalDecision::Approve
+        };
+        pb::ApproveRequest {
+            id: self.id.clone(),
+            approval_id: self.approval_id.clone(),
+            decision: decision as i32,
+            note: self.note.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// Flags of `watch` (WatchAgentsRequest). Filters combine with AND; none
 /// means all agents.
 #[derive(clap::Args, Debug, Clone)]
@@ -316,6 +350,9 @@ pub struct WatchArgs {
     /// Start with one SNAPSHOT event per matching agent.
     #[arg(long)]
     pub snapshot: bool,
+    /// Also show progress: output chunks and tool calls as runs report them.
+    #[arg(long)]
+    pub progress: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -330,6 +367,7 @@ impl WatchArgs {
             lead_id: self.lead_id.clone().unwrap_or_default(),
             after_sequence: self.after_sequence,
             include_snapshot: self.snapshot,
+            include_progress: self.progress,
         }
     }
 }
@@ -431,6 +469,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Await(args) => await_agents(args).await,
         Command::Cancel(args) => cancel(args).await,
         Command::Steer(args) => steer(args).await,
+        Command::Approve(args) => approve(args).await,
         Command::Watch(args) => watch(args).await,
     };
     match result {
@@ -645,6 +684,22 @@ async fn steer(args: SteerArgs) -> Result<ExitCode, CliError> {
     };
     printer.note(&format!("steer message {delivery}"))?;
     if let Some(agent) = &response.agent {
+        printer.agent(agent, false)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn approve(args: ApproveArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let response = client.approve(args.to_request()).await?.into_inner();
+    if let Some(agent) = &response.agent {
+        if !printer.json {
+            let verb = if args.deny { "denied" } else { "approved" };
+            printer.note(&format!(
+                "{verb}; the run continues when the agent runs again"
+            ))?;
+        }
         printer.agent(agent, false)?;
     }
     Ok(ExitCode::SUCCESS)
@@ -983,6 +1038,30 @@ mod tests {
     }
 
     #[test]
+    fn approve_defaults_to_approve_and_denies_with_a_note() {
+        let Command::Approve(args) = parse(&["approve", "a", "b"]) else {
+            panic!("expected approve");
+        };
+        assert_eq!(
+            args.to_request(),
+            pb::ApproveRequest {
+                id: "a".into(),
+                approval_id: "b".into(),
+                decision: pb::ApprovalDecision::Approve as i32,
+                note: String::new(),
+            }
+        );
+        let Command::Approve(args) = parse(&["approve", "a", "b", "--deny", "--note", "no"]) else {
+            panic!("expected approve");
+        };
+        assert_eq!(
+            args.to_request().decision,
+            pb::ApprovalDecision::Deny as i32
+        );
+        assert_eq!(args.to_request().note, "no");
+    }
+
+    #[test]
     fn watch_flags_fill_the_request() {
         let Command::Watch(args) = parse(&[
             "watch",
@@ -1014,6 +1093,7 @@ mod tests {
                 lead_id: "l".into(),
                 after_sequence: 42,
                 include_snapshot: true,
+                include_progress: false,
             }
         );
     }

@@ -68,8 +68,12 @@ pub enum Command {
     ///
     /// With --json prints `{"delivery": "STEER_DELIVERY_…", "agent": {…}}`.
     Steer(client::SteerArgs),
+    /// Decide an agent's pending approval (Approve): approve, or --deny.
+    /// The agent goes back to its queue ahead of newer agents and its run
+    /// learns the decision when it runs again. Prints the agent.
+    Approve(client::ApproveArgs),
     /// Stream lifecycle events (WatchAgents) until the server ends the stream
-    /// or Ctrl-C.
+    /// or Ctrl-C; with --progress also output chunks and tool calls.
     ///
     /// Both end with status 0. With --json prints one
     /// `{"sequence": N, "kind": "AGENT_EVENT_KIND_…", "agent": {…}}` per

@@ -60,7 +60,7 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     if let Some(approval) = &agent.approval {
         obj.insert(
             "approval".into(),
-            json!({ "id": approval.id, "toolName": approval.tool_name }),
+            json!({ "id": approval.id, "toolName": approval.tool_name, "detail": approval.detail }),
         );
     }
     if let Some(usage) = &agent.usage {
@@ -97,6 +97,15 @@ pub(crate) fn event_json(event: &pb::WatchAgentsResponse) -> Value {
     );
     if let Some(agent) = &event.agent {
         obj.insert("agent".into(), agent_json(agent));
+    }
+    if event.kind == pb::AgentEventKind::Output as i32 {
+        obj.insert("output".into(), json!(event.output));
+    }
+    if let Some(call) = &event.tool_call {
+        obj.insert(
+            "tool_call".into(),
+            json!({"name": call.name, "input_digest": call.input_digest}),
+        );
     }
     Value::Object(obj)
 }
@@ -154,9 +163,24 @@ pub(crate) fn event_human(event: &pb::WatchAgentsResponse) -> String {
             pb::AgentEventKind::Done => "done".to_owned(),
             pb::AgentEventKind::Failed => "failed".to_owned(),
             pb::AgentEventKind::Cancelled => "cancelled".to_owned(),
+            pb::AgentEventKind::Output => "output".to_owned(),
+            pb::AgentEventKind::ToolCall => "tool-call".to_owned(),
         })
         .unwrap_or_else(|_| format!("kind-{}", event.kind));
     let mut out = format!("#{}  {kind:<STATE_WIDTH$}  ", event.sequence);
+    // Progress: one line naming the agent and what it reported.
+    let id = event.agent.as_ref().map_or("", |a| a.id.as_str());
+    if event.kind == pb::AgentEventKind::Output as i32 {
+        let _ = writeln!(out, "{id}  {:?}", event.output);
+        return out;
+    }
+    if let (Some(call), true) = (
+        &event.tool_call,
+        event.kind == pb::AgentEventKind::ToolCall as i32,
+    ) {
+        let _ = writeln!(out, "{id}  {} {}", call.name, call.input_digest);
+        return out;
+    }
     match &event.agent {
         Some(agent) => out.push_str(&agent_human(agent, is_terminal(agent.status))),
         None => out.push_str("(no agent)\n"),
@@ -205,6 +229,9 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
             "  approval: {} (approval id {})",
             approval.tool_name, approval.id
         );
+        if !approval.detail.is_empty() {
+            let _ = writeln!(out, "  approval detail: {}", approval.detail);
+        }
     }
     if let Some(error) = &agent.error {
         let _ = writeln!(out, "  error: {}: {}", error.code, error.message);
@@ -398,6 +425,7 @@ mod tests {
             sequence: 7,
             kind: pb::AgentEventKind::Started as i32,
             agent: Some(sample_agent()),
+            ..Default::default()
         };
         let value = event_json(&event);
         assert_eq!(value["sequence"], json!(7));
@@ -457,6 +485,7 @@ mod tests {
                 result: "ok".into(),
                 ..sample_agent()
             }),
+            ..Default::default()
         };
         let text = event_human(&event);
         assert!(text.starts_with("#3  done "), "{text}");

@@ -4,9 +4,10 @@
 //! One directive per line:
 //! - `sleep <ms>` waits (cancellable);
 //! - `output <text>` appends a line to the result;
-//! - `tool <name>` counts a tool call;
+//! - `tool <name>` reports a tool call;
 //! - `usage <input> <output>` adds tokens;
-//! - `approve <tool_name>` pauses in AWAITING_APPROVAL;
+//! - `approve <tool_name>` pauses in AWAITING_APPROVAL; once decided and
+//!   running again it appends `approved: <tool>` or `denied: <tool>: <note>`;
 //! - `fail <message>` ends FAILED with that message;
 //! - `wait_steer` waits for a steer message;
 //! - any other line is appended to the result as is.
@@ -80,8 +81,14 @@ async fn simulate(mut run: Run) -> RunOutcome {
         return Ok(result);
     }
     let mut lines: Vec<String> = Vec::new();
+    // Output is reported in chunks that concatenate to the result: each
+    // line after the first starts with its separating newline.
     let emit = |lines: &mut Vec<String>, run: &Run, text: String| {
-        run.reporter.output(&text);
+        if lines.is_empty() {
+            run.reporter.output(&text);
+        } else {
+            run.reporter.output(&format!("\n{text}"));
+        }
         lines.push(text);
     };
     for line in prompt.lines() {
@@ -98,16 +105,21 @@ async fn simulate(mut run: Run) -> RunOutcome {
             }
             Directive::Output(text) => emit(&mut lines, &run, text.to_owned()),
             Directive::Text(text) => emit(&mut lines, &run, text.to_owned()),
-            Directive::Tool(_) => run.reporter.usage(Usage {
-                tool_calls: 1,
-                ..Usage::default()
-            }),
+            Directive::Tool(name) => run.reporter.tool_call(name, ""),
             Directive::Usage(input, output) => run.reporter.usage(Usage {
                 input_tokens: input,
                 output_tokens: output,
                 tool_calls: 0,
             }),
-            Directive::Approve(tool) => run.reporter.request_approval(tool).await,
+            Directive::Approve(tool) => {
+                let outcome = run.reporter.request_approval(tool, "").await;
+                let line = match (outcome.approved, outcome.note.is_empty()) {
+                    (true, _) => format!("approved: {tool}"),
+                    (false, true) => format!("denied: {tool}"),
+                    (false, false) => format!("denied: {tool}: {}", outcome.note),
+                };
+                emit(&mut lines, &run, line);
+            }
             Directive::Fail(message) => {
                 return Err(AgentError::new(CODE_RUN_FAILED, message));
             }

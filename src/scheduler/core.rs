@@ -13,13 +13,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
     error::{Error, FieldViolation},
-    events::{EventKind, EventLog, Subscription},
+    events::{EventKind, EventLog, Progress, Subscription},
     inbox::{steer_inbox, SteerInbox, SteerSender},
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
     state::{check_move, Held},
@@ -55,6 +55,14 @@ pub struct RunStart {
 struct RunControl {
     cancel: CancellationToken,
     steer: SteerSender,
+    /// Output reported so far; the agent's result while it runs, and after
+    /// it if the run ends without one (failed, cancelled).
+    output: String,
+    /// Where the decision on the pending approval goes.
+    approval: Option<oneshot::Sender<ApprovalOutcome>>,
+    /// A decision made but not yet handed over: the run gets it when it is
+    /// RUNNING again, not while it waits in the queue.
+    decision: Option<ApprovalOutcome>,
 }
 
 /// How a steer message was handled.
@@ -616,6 +624,10 @@ impl Core {
             rec.steer_buffer = Vec::new();
             if let Some(run) = rec.run.take() {
                 run.cancel.cancel();
+                // A run that ended without a result keeps what it output.
+                if to != AgentStatus::Done && !run.output.is_empty() {
+                    rec.view.result = run.output.into();
+                }
             }
             if let Some(lead) = rec.view.lead_id.clone() {
                 if let Some(set) = self.lead_live.get_mut(&lead) {
@@ -659,6 +671,9 @@ impl Core {
             rec.run = Some(RunControl {
                 cancel: CancellationToken::new(),
                 steer: tx,
+                output: String::new(),
+                approval: None,
+                decision: None,
             });
             Some(rx)
         } else {
@@ -673,6 +688,12 @@ impl Core {
         let cancel = run.cancel.clone();
         if self.transition(id, AgentStatus::Running, dirty).is_err() {
             return;
+        }
+        // Resuming after an approval: the run learns the decision now.
+        if let Some(run) = self.agents.get_mut(&id).and_then(|r| r.run.as_mut()) {
+            if let (Some(decision), Some(tx)) = (run.decision.take(), run.approval.take()) {
+                let _ = tx.send(decision);
+            }
         }
         if let Some(steer) = steer_rx {
             let rec = self.agents.get_mut(&id).expect("known agent");
@@ -745,18 +766,47 @@ impl Core {
         true
     }
 
-    /// Appends a line of output to the agent's result while it runs.
-    pub fn append_output(&mut self, id: AgentId, text: &str) {
-        if let Some(rec) = self.agents.get_mut(&id) {
-            if !rec.view.status.is_terminal() {
-                let mut s = String::with_capacity(rec.view.result.len() + text.len() + 1);
-                s.push_str(&rec.view.result);
-                if !s.is_empty() {
-                    s.push('\n');
-                }
-                s.push_str(text);
-                rec.view.result = s.into();
-            }
+    /// Appends a chunk of output to the agent's result while it runs, and
+    /// publishes it as an OUTPUT event if anyone watches progress.
+    pub fn append_output(&mut self, id: AgentId, chunk: &str) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        let Some(run) = rec.run.as_mut() else {
+            return;
+        };
+        if chunk.is_empty() || rec.view.status.is_terminal() {
+            return;
+        }
+        run.output.push_str(chunk);
+        if self.events.wants_progress() {
+            // The record's own view has no result while it runs: progress
+            // events carry the chunk, not the whole output again.
+            let view = rec.view.clone();
+            self.events
+                .publish_progress(Progress::Output(chunk.into()), view);
+        }
+    }
+
+    /// Counts a tool call the run made and publishes it as a TOOL_CALL
+    /// event if anyone watches progress.
+    pub fn record_tool_call(&mut self, id: AgentId, name: &str, input_digest: &str) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if rec.run.is_none() || rec.view.status.is_terminal() {
+            return;
+        }
+        rec.view.usage.tool_calls += 1;
+        if self.events.wants_progress() {
+            let view = rec.view.clone();
+            self.events.publish_progress(
+                Progress::ToolCall {
+                    name: name.into(),
+                    input_digest: input_digest.into(),
+                },
+                view,
+            );
         }
     }
 
@@ -773,23 +823,69 @@ impl Core {
     }
 
     /// The run asks for approval of a tool call: RUNNING → AWAITING_APPROVAL,
-    /// freeing its bucket and parent slots. Returns the new approval, or
-    /// None if the agent is not running.
-    pub fn request_approval(&mut self, id: AgentId, tool_name: &str) -> Option<Approval> {
+    /// freeing its bucket and parent slots (the global slot stays). Returns
+    /// the new approval and where its decision will arrive (once the agent
+    /// runs again), or None if the agent is not running.
+    pub fn request_approval(
+        &mut self,
+        id: AgentId,
+        tool_name: &str,
+        detail: &str,
+    ) -> Option<(Approval, oneshot::Receiver<ApprovalOutcome>)> {
         let rec = self.agents.get_mut(&id)?;
         if rec.view.status != AgentStatus::Running {
             return None;
         }
+        let run = rec.run.as_mut()?;
+        let (tx, rx) = oneshot::channel();
+        run.approval = Some(tx);
+        run.decision = None;
         let approval = Approval {
             id: Uuid::new_v4(),
             tool_name: tool_name.into(),
+            detail: if detail.is_empty() {
+                self.empty.clone()
+            } else {
+                detail.into()
+            },
         };
         rec.view.approval = Some(approval.clone());
         let mut dirty = Dirty::default();
         self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
             .ok()?;
         self.drain(dirty);
-        Some(approval)
+        Some((approval, rx))
+    }
+
+    /// Decides an agent's pending approval: the agent goes back to its
+    /// bucket's queue (or runs at once, see [`Core::resume`]) and its run
+    /// receives `outcome` when it is RUNNING again.
+    pub fn decide_approval(
+        &mut self,
+        id: AgentId,
+        approval_id: Uuid,
+        outcome: ApprovalOutcome,
+    ) -> Result<AgentView, Error> {
+        let rec = self.agents.get_mut(&id).ok_or_else(|| Error::NotFound {
+            field: "id",
+            id: id.to_string(),
+        })?;
+        let pending = match (&rec.view.approval, rec.view.status) {
+            (Some(approval), AgentStatus::AwaitingApproval) => approval.id,
+            (_, status) => return Err(Error::NotAwaitingApproval { id, status }),
+        };
+        if pending != approval_id {
+            return Err(Error::ApprovalMismatch {
+                id,
+                given: approval_id,
+                pending,
+            });
+        }
+        if let Some(run) = rec.run.as_mut() {
+            run.decision = Some(outcome);
+        }
+        self.resume(id);
+        Ok(self.view(id).expect("known agent"))
     }
 
     /// An approval was decided: AWAITING_APPROVAL → back in its bucket's
@@ -966,6 +1062,11 @@ impl Core {
         if v.status == AgentStatus::Queued {
             v.queue_reason = Some(self.queue_reason(rec).into());
         }
+        if let Some(run) = &rec.run {
+            if !run.output.is_empty() {
+                v.result = run.output.as_str().into();
+            }
+        }
         v
     }
 
@@ -1094,12 +1195,14 @@ impl Core {
     }
 
     /// Subscribes to events, see [`EventLog::subscribe`].
-    pub fn subscribe(
-        &mut self,
-        filter: &AgentFilter,
-        after_sequence: u64,
-        include_snapshot: bool,
-    ) -> Subscription {
+    pub fn subscribe(&mut self, query: &WatchQuery) -> Subscription {
+        let WatchQuery {
+            filter,
+            after_sequence,
+            include_snapshot,
+            include_progress,
+        } = query;
+        let (after_sequence, include_snapshot) = (*after_sequence, *include_snapshot);
         let needs_snapshot = include_snapshot
             || (after_sequence > 0 && !self.events.can_replay_after(after_sequence));
         // Built only when sent, and filtered on the record before a view is
@@ -1112,7 +1215,8 @@ impl Core {
                 .map(|rec| self.view_of(rec))
                 .collect()
         });
-        self.events.subscribe(filter, after_sequence, snapshot)
+        self.events
+            .subscribe(filter, after_sequence, snapshot, *include_progress)
     }
 
     fn publish(&mut self, id: AgentId, kind: EventKind) {

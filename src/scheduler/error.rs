@@ -83,6 +83,16 @@ pub enum Error {
     /// The server is shutting down.
     #[error("the server is shutting down and accepts no new agents; retry against another instance or after restart")]
     ShuttingDown,
+    /// Approve for an agent that has no pending approval.
+    #[error("agent {id} is not awaiting approval (it is {status:?})")]
+    NotAwaitingApproval { id: AgentId, status: AgentStatus },
+    /// Approve naming an approval other than the pending one.
+    #[error("approval {given} is not agent {id}'s pending approval (that is {pending}); it may have been decided already")]
+    ApprovalMismatch {
+        id: AgentId,
+        given: uuid::Uuid,
+        pending: uuid::Uuid,
+    },
 }
 
 impl Error {

@@ -38,6 +38,24 @@ pub enum EventKind {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Progress: output (see [`Event::progress`]).
+    Output,
+    /// Progress: a tool call (see [`Event::progress`]).
+    ToolCall,
+}
+
+/// What a progress event reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// A chunk of output.
+    Output(Arc<str>),
+    /// A tool call.
+    ToolCall {
+        /// Tool name.
+        name: Arc<str>,
+        /// Digest of the call's input; may be empty.
+        input_digest: Arc<str>,
+    },
 }
 
 /// One event: the agent as it is after the event.
@@ -47,8 +65,10 @@ pub struct Event {
     pub sequence: u64,
     /// What happened.
     pub kind: EventKind,
-    /// The agent after the event.
+    /// The agent after the event (without its result for progress events).
     pub agent: AgentView,
+    /// The payload of a progress event.
+    pub progress: Option<Progress>,
     /// When the event happened (fixes `elapsed_ms` in what subscribers see,
     /// however late they receive it).
     pub at: SystemTime,
@@ -63,6 +83,7 @@ impl Event {
             sequence,
             kind,
             agent,
+            progress: None,
             at: SystemTime::now(),
             wire: OnceLock::new(),
         }
@@ -79,7 +100,14 @@ pub struct EventLog {
     /// Highest sequence number no longer in `history`; replay from below it
     /// would miss events.
     evicted_through: u64,
+    /// Lifecycle events, for subscribers that did not ask for progress.
     tx: broadcast::Sender<Arc<Event>>,
+    /// Lifecycle and progress events, for subscribers that asked for
+    /// progress. A separate ring, so a burst of output never fills the
+    /// buffer of a subscriber that will not receive it; with no such
+    /// subscriber, sends to it cost a receiver-count check and progress is
+    /// not even built.
+    tx_progress: broadcast::Sender<Arc<Event>>,
 }
 
 /// What a new subscriber starts with, taken atomically with its receiver so
@@ -105,7 +133,26 @@ impl EventLog {
             capacity: history.max(1),
             evicted_through: 0,
             tx: broadcast::channel(subscriber_buffer.max(1)).0,
+            tx_progress: broadcast::channel(subscriber_buffer.max(1)).0,
         }
+    }
+
+    /// Whether some subscriber wants progress events.
+    pub fn wants_progress(&self) -> bool {
+        self.tx_progress.receiver_count() > 0
+    }
+
+    /// Numbers and broadcasts one progress event. Not kept in the history:
+    /// progress is live only, and a chatty run must not push lifecycle
+    /// events out of the replay window.
+    pub fn publish_progress(&mut self, progress: Progress, agent: AgentView) {
+        let kind = match progress {
+            Progress::Output(_) => EventKind::Output,
+            Progress::ToolCall { .. } => EventKind::ToolCall,
+        };
+        let mut event = Event::new(self.take_sequence(), kind, agent);
+        event.progress = Some(progress);
+        let _ = self.tx_progress.send(Arc::new(event));
     }
 
     /// Numbers, records and broadcasts one event.
@@ -118,6 +165,9 @@ impl EventLog {
         }
         self.history.push_back(event.clone());
         // No receivers is not an error: nobody is watching.
+        if self.tx_progress.receiver_count() > 0 {
+            let _ = self.tx_progress.send(event.clone());
+        }
         let _ = self.tx.send(event);
     }
 
@@ -156,8 +206,13 @@ impl EventLog {
         filter: &AgentFilter,
         after_sequence: u64,
         snapshot: Option<Vec<AgentView>>,
+        include_progress: bool,
     ) -> Subscription {
-        let live = self.tx.subscribe();
+        let live = if include_progress {
+            self.tx_progress.subscribe()
+        } else {
+            self.tx.subscribe()
+        };
         let initial = if let Some(agents) = snapshot {
             agents
                 .into_iter()

@@ -22,10 +22,11 @@ use std::{
 use futures_util::FutureExt;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+use uuid::Uuid;
 
 pub use self::core::{Core, Page, RunStart, SteerDelivery};
 pub use error::{Error, FieldViolation};
-pub use events::{Event, EventKind, Subscription};
+pub use events::{Event, EventKind, Progress, Subscription};
 pub use types::*;
 
 use crate::{
@@ -277,19 +278,24 @@ impl Scheduler {
         self.with_core(|c| c.cancel_lead(lead, reason))
     }
 
+    /// Decides an agent's pending approval (see [`Core::decide_approval`]).
+    pub fn approve(
+        &self,
+        id: AgentId,
+        approval_id: Uuid,
+        outcome: ApprovalOutcome,
+    ) -> Result<AgentView, Error> {
+        self.with_core(|c| c.decide_approval(id, approval_id, outcome))
+    }
+
     /// Sends a steer message.
     pub fn steer(&self, id: AgentId, message: String) -> Result<(AgentView, SteerDelivery), Error> {
         self.with_core(|c| c.steer(id, message))
     }
 
     /// Subscribes to lifecycle events.
-    pub fn subscribe(
-        &self,
-        filter: &AgentFilter,
-        after_sequence: u64,
-        include_snapshot: bool,
-    ) -> Subscription {
-        self.with_core(|c| c.subscribe(filter, after_sequence, include_snapshot))
+    pub fn subscribe(&self, query: &WatchQuery) -> Subscription {
+        self.with_core(|c| c.subscribe(query))
     }
 
     /// Applies a reloaded config (limits, runs, agent types).
@@ -385,10 +391,18 @@ impl RunReporter {
         self.id
     }
 
-    /// Appends a line of output to the agent's result.
-    pub fn output(&self, text: &str) {
+    /// Appends a chunk of output to the agent's result (and streams it to
+    /// progress watchers).
+    pub fn output(&self, chunk: &str) {
         self.scheduler
-            .inspect_mut(|c| c.append_output(self.id, text));
+            .inspect_mut(|c| c.append_output(self.id, chunk));
+    }
+
+    /// Reports a tool call: counted in `usage.tool_calls` and streamed to
+    /// progress watchers.
+    pub fn tool_call(&self, name: &str, input_digest: &str) {
+        self.scheduler
+            .inspect_mut(|c| c.record_tool_call(self.id, name, input_digest));
     }
 
     /// Adds token usage or tool calls.
@@ -396,15 +410,24 @@ impl RunReporter {
         self.scheduler.inspect_mut(|c| c.add_usage(self.id, usage));
     }
 
-    /// Pauses the run in AWAITING_APPROVAL for `tool_name`.
+    /// Pauses the run in AWAITING_APPROVAL for `tool_name` and resolves
+    /// to the decision once the agent runs again (after Approve, and after
+    /// waiting for a slot if its limits are full).
     ///
-    /// Until the Approve RPC exists (issue #4) nothing decides an approval,
-    /// so an approval ends only by cancel or deadline: this future does not
-    /// resolve, and the scheduler drops it when the run ends.
-    pub async fn request_approval(&self, tool_name: &str) {
-        self.scheduler
-            .with_core(|c| c.request_approval(self.id, tool_name));
-        std::future::pending::<()>().await;
+    /// If the agent ends instead (cancel, deadline) the scheduler drops the
+    /// run future, so this never resolves then.
+    pub async fn request_approval(&self, tool_name: &str, detail: &str) -> ApprovalOutcome {
+        let pending = self
+            .scheduler
+            .with_core(|c| c.request_approval(self.id, tool_name, detail));
+        match pending {
+            Some((_, decision)) => match decision.await {
+                Ok(outcome) => outcome,
+                Err(_) => std::future::pending().await,
+            },
+            // Not running: the run is ending and about to be dropped.
+            None => std::future::pending().await,
+        }
     }
 }
 

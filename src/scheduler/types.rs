@@ -100,6 +100,17 @@ pub struct Approval {
     pub id: Uuid,
     /// Tool the run wants to call.
     pub tool_name: Arc<str>,
+    /// What the run says about the call, for the person deciding.
+    pub detail: Arc<str>,
+}
+
+/// The decision on an approval, as the run receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalOutcome {
+    /// Approved or denied.
+    pub approved: bool,
+    /// The decider's note; may be empty.
+    pub note: String,
 }
 
 /// Resources a run has used.
@@ -233,4 +244,17 @@ impl AgentFilter {
                 .is_none_or(|l| a.lead_id.as_deref() == Some(l))
             && (self.statuses.is_empty() || self.statuses.contains(&a.status))
     }
+}
+
+/// What a WatchAgents subscriber asks for.
+#[derive(Debug, Clone, Default)]
+pub struct WatchQuery {
+    /// Which agents.
+    pub filter: AgentFilter,
+    /// Replay retained events after this sequence (0 = none).
+    pub after_sequence: u64,
+    /// Start with one SNAPSHOT per matching agent.
+    pub include_snapshot: bool,
+    /// Also receive progress events (output, tool calls).
+    pub include_progress: bool,
 }

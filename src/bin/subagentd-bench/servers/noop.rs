@@ -103,6 +103,13 @@ impl AgentService for NoopAgentService {
         Err(unimplemented())
     }
 
+    async fn approve(
+        &self,
+        _request: Request<pb::ApproveRequest>,
+    ) -> Result<Response<pb::ApproveResponse>, Status> {
+        Err(unimplemented())
+    }
+
     type WatchAgentsStream = WatchStream;
 
     async fn watch_agents(
