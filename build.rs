@@ -3,7 +3,10 @@
 
 use std::{env, path::PathBuf};
 
-const PROTOS: &[&str] = &["proto/subagents/v1/subagents.proto"];
+const PROTOS: &[&str] = &[
+    "proto/subagents/v1/subagents.proto",
+    "proto/subagents/v1/workers.proto",
+];
 /// Served by reflection only, so grpcurl can decode error details.
 const REFLECTION_ONLY: &[&str] = &["proto-vendor/google/rpc/error_details.proto"];
 
@@ -24,6 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     tonic_prost_build::configure()
         .build_client(true)
+        // No generated `Client::connect(addr)` constructor: it would clash with
+        // the WorkerService `Connect` RPC. Clients are built on a `Channel`.
+        .build_transport(false)
         .build_server(true)
         .compile_fds(fds)?;
     Ok(())

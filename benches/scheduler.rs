@@ -38,6 +38,7 @@ fn core(buckets: usize) -> Core {
             "simulated".to_owned(),
             AgentTypeConfig {
                 runner: RunnerKind::Simulated,
+                retry_on_worker_lost: 0,
             },
         )]),
     )
@@ -93,10 +94,7 @@ fn queue_admission_and_release(c: &mut Criterion) {
             let mut seq = 0u64;
             for i in 0..queued {
                 seq += 1;
-                let key = SubKey {
-                    bucket: bucket_keys[i % buckets].clone(),
-                    parent: parents[i % LEADS].clone(),
-                };
+                let key = SubKey::new(bucket_keys[i % buckets].clone(), parents[i % LEADS].clone());
                 q.push(seq, AgentId::from_u128(seq as u128), key);
             }
             let mut i = 0usize;
@@ -110,10 +108,7 @@ fn queue_admission_and_release(c: &mut Criterion) {
                         // Acquire: the bucket is full, so the agent queues.
                         seq += 1;
                         assert!(bucket_running[bucket] >= 1, "every bucket is full");
-                        let key = SubKey {
-                            bucket: bucket.clone(),
-                            parent: parent.clone(),
-                        };
+                        let key = SubKey::new(bucket.clone(), parent.clone());
                         q.push(seq, AgentId::from_u128(seq as u128), key);
                         // Release: the bucket's running agent ends; its oldest
                         // eligible queued agent takes the slot.
@@ -125,6 +120,7 @@ fn queue_admission_and_release(c: &mut Criterion) {
                                 &dirty,
                                 |b| bucket_running[b] < 1,
                                 |p| parent_running[p] < u32::MAX,
+                                |_| true,
                             )
                             .expect("an eligible agent");
                         q.remove(s, &key);

@@ -33,6 +33,14 @@ pub const DEFAULT_MAX_PROMPT_BYTES: usize = 1 << 20;
 pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Default `[runs] finished_retention`.
 pub const DEFAULT_FINISHED_RETENTION: Duration = Duration::from_secs(10 * 60);
+/// Default `[runs] cancel_grace`: how long a worker may hold a stopped run's
+/// capacity before confirming it ended.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
+/// Default `[server] keepalive_interval`: HTTP/2 PING to idle connections.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// Default `[server] keepalive_timeout`: an unanswered PING closes the
+/// connection (a silently dead worker is lost after interval + timeout).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `[watch] history`: events kept for `after_sequence` replay.
 pub const DEFAULT_WATCH_HISTORY: usize = 16_384;
 /// Default `[watch] subscriber_buffer`: events a subscriber may fall behind
@@ -69,6 +77,13 @@ pub struct Config {
 pub struct ServerConfig {
     /// Address the gRPC server binds (default `127.0.0.1:50051`). Read at start only.
     pub listen: String,
+    /// HTTP/2 keepalive PING interval. Default 30 s. Read at start only.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed
+    /// (its worker sessions are then lost). Default 10 s. Read at start only.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
 }
 
 /// `[limits]` section: every admission limit.
@@ -107,6 +122,10 @@ pub struct RunsConfig {
     /// How long finished agents stay readable. Default 10 min.
     #[serde(with = "humantime_serde")]
     pub finished_retention: Duration,
+    /// How long a worker may keep a stopped (cancelled, timed-out) run's
+    /// capacity before confirming the run ended. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub cancel_grace: Duration,
 }
 
 /// `[watch]` section.
@@ -125,6 +144,8 @@ pub struct WatchConfig {
 pub enum RunnerKind {
     /// The built-in scripted runner (see README "The simulated runner").
     Simulated,
+    /// Runs are executed by connected workers (WorkerService).
+    Worker,
 }
 
 /// `[agents.NAME]` section.
@@ -133,12 +154,19 @@ pub enum RunnerKind {
 pub struct AgentTypeConfig {
     /// Which runner executes this type.
     pub runner: RunnerKind,
+    /// Worker runner: how many times a run whose worker is lost is queued
+    /// again (at the head of its bucket) before it fails with WORKER_LOST.
+    /// Default 0.
+    #[serde(default)]
+    pub retry_on_worker_lost: u32,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: DEFAULT_LISTEN.to_owned(),
+            keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -163,6 +191,7 @@ impl Default for RunsConfig {
         Self {
             default_timeout: DEFAULT_RUN_TIMEOUT,
             finished_retention: DEFAULT_FINISHED_RETENTION,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
         }
     }
 }
@@ -193,6 +222,7 @@ fn default_agents() -> BTreeMap<String, AgentTypeConfig> {
         DEFAULT_AGENT_TYPE.to_owned(),
         AgentTypeConfig {
             runner: RunnerKind::Simulated,
+            retry_on_worker_lost: 0,
         },
     )])
 }
@@ -339,10 +369,22 @@ impl Config {
         if self.watch.subscriber_buffer < 1 {
             return Err(invalid("watch.subscriber_buffer", "must be ≥ 1"));
         }
-        for name in self.agents.keys() {
+        for (name, agent) in &self.agents {
             if name.is_empty() {
                 return Err(invalid("agents", "agent type names must not be empty"));
             }
+            if agent.retry_on_worker_lost > 0 && agent.runner != RunnerKind::Worker {
+                return Err(invalid(
+                    format!("agents.{name}.retry_on_worker_lost"),
+                    "applies only to runner = \"worker\"",
+                ));
+            }
+        }
+        if self.server.keepalive_interval.is_zero() {
+            return Err(invalid("server.keepalive_interval", "must be > 0"));
+        }
+        if self.server.keepalive_timeout.is_zero() {
+            return Err(invalid("server.keepalive_timeout", "must be > 0"));
         }
         Ok(())
     }

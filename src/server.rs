@@ -10,10 +10,12 @@ use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
 
 use crate::{
-    api::{service::AgentServiceImpl, watch_route::AgentServiceRouter},
+    api::{service::AgentServiceImpl, watch_route::AgentServiceRouter, workers::WorkerServiceImpl},
     cli::ServeArgs,
     config::{Config, ConfigSource},
-    pb::{self, agent_service_server::AgentServiceServer},
+    pb::{
+        self, agent_service_server::AgentServiceServer, worker_service_server::WorkerServiceServer,
+    },
     scheduler::Scheduler,
 };
 
@@ -21,10 +23,6 @@ use crate::{
 pub const SERVICE_NAME: &str = "subagents.v1.AgentService";
 /// How long shutdown waits for connections to close after cancelling runs.
 const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
-/// HTTP/2 keepalive ping interval: finds dead peers behind silent networks.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// How long a keepalive ping may go unanswered.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running server.
 #[derive(Debug)]
@@ -76,6 +74,9 @@ impl ServerHandle {
             .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
             .await;
         self.health
+            .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
+            .await;
+        self.health
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         let cancelled = self.scheduler.shut_down("server shutting down");
@@ -105,6 +106,9 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     health
         .set_serving::<AgentServiceServer<AgentServiceImpl>>()
         .await;
+    health
+        .set_serving::<WorkerServiceServer<WorkerServiceImpl>>()
+        .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -114,6 +118,11 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let service = AgentServiceImpl::new(scheduler.clone(), shutdown.clone());
+    let workers = WorkerServiceImpl::new(scheduler.clone(), shutdown.clone());
+    let (keepalive_interval, keepalive_timeout) = (
+        config.server.keepalive_interval,
+        config.server.keepalive_timeout,
+    );
 
     let sweeper = {
         let scheduler = scheduler.clone();
@@ -129,12 +138,16 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         let shutdown = shutdown.clone();
         tokio::spawn(
             Server::builder()
-                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                // Keepalive is how a silently dead worker is noticed: an
+                // unanswered PING closes the connection, which ends its
+                // session and fails (or retries) its runs.
+                .http2_keepalive_interval(Some(keepalive_interval))
+                .http2_keepalive_timeout(Some(keepalive_timeout))
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
                 .add_service(AgentServiceRouter::new(service))
+                .add_service(WorkerServiceServer::new(workers))
                 .serve_with_incoming_shutdown(
                     // Without TCP_NODELAY small responses wait for the peer's
                     // delayed ACK (Nagle): ~40 ms per call at low concurrency.

@@ -317,6 +317,7 @@ fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
         AGENT_TYPE.to_owned(),
         AgentTypeConfig {
             runner: RunnerKind::Simulated,
+            retry_on_worker_lost: 0,
         },
     )])
 }

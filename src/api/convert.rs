@@ -3,15 +3,16 @@
 //! Requests are parsed, not just validated: each `parse_*` returns a domain
 //! value or every field violation it found, so a bad request changes nothing.
 
-use std::{collections::BTreeSet, time::Duration, time::SystemTime};
+use std::{collections::BTreeSet, sync::Arc, time::Duration, time::SystemTime};
 
 use prost_types::Timestamp;
 use uuid::Uuid;
 
 use crate::pb;
 use crate::scheduler::{
-    AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error, Event,
-    EventKind, FieldViolation, ModelRef, Progress, SpawnSpec, SteerDelivery, WatchQuery,
+    AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error,
+    Event, EventKind, FieldViolation, ModelRef, Progress, SpawnSpec, SteerDelivery, Usage,
+    WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, CODE_RUN_FAILED,
 };
 
 /// Most ids one Status, Await or WatchAgents request may name.
@@ -474,6 +475,8 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         background: a.background,
         detached: a.detached,
         queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
+        worker_id: a.worker_id.map(|w| w.to_string()).unwrap_or_default(),
+        attempt: a.attempt,
         bucket: a.bucket.to_string(),
     }
 }
@@ -495,6 +498,7 @@ pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
         EventKind::Done => pb::AgentEventKind::Done,
         EventKind::Failed => pb::AgentEventKind::Failed,
         EventKind::Cancelled => pb::AgentEventKind::Cancelled,
+        EventKind::Retrying => pb::AgentEventKind::Retrying,
         EventKind::Output => pb::AgentEventKind::Output,
         EventKind::ToolCall => pb::AgentEventKind::ToolCall,
     };
@@ -524,6 +528,162 @@ pub fn event_wire(e: &Event) -> bytes::Bytes {
     e.wire
         .get_or_init(|| prost::Message::encode_to_vec(&event_to_pb(e)).into())
         .clone()
+}
+
+/// Most runs one worker may declare it can hold.
+pub const MAX_WORKER_CAPACITY: u32 = 100_000;
+
+/// Parses a worker's first message: it must be a hello naming at least one
+/// agent type, each configured with `runner = "worker"` (`worker_types`).
+pub fn parse_hello(req: pb::ConnectRequest, worker_types: &[String]) -> Result<WorkerInfo, Error> {
+    let Some(pb::connect_request::Message::Hello(hello)) = req.message else {
+        return Err(Error::invalid(
+            "hello",
+            "the first message of a worker session must be `hello`",
+        ));
+    };
+    let mut v = Violations::default();
+    if hello.agents.is_empty() {
+        v.add(
+            "hello.agents",
+            format!(
+                "must name at least one agent type; worker agent types: {}",
+                known_list(worker_types)
+            ),
+        );
+    }
+    let mut agents: Vec<Arc<str>> = Vec::new();
+    for (i, name) in hello.agents.iter().enumerate() {
+        if !worker_types.iter().any(|t| t == name) {
+            v.add(
+                format!("hello.agents[{i}]"),
+                format!(
+                    "\"{}\" is not an agent type with runner = \"worker\"; worker agent types: {}",
+                    truncate(name),
+                    known_list(worker_types)
+                ),
+            );
+        } else if !agents.iter().any(|a| **a == **name) {
+            agents.push(name.as_str().into());
+        }
+    }
+    if hello.capacity < 1 || hello.capacity > MAX_WORKER_CAPACITY {
+        v.add(
+            "hello.capacity",
+            format!("must be 1..={MAX_WORKER_CAPACITY} (got {})", hello.capacity),
+        );
+    }
+    if hello.name.len() > MAX_KEY_BYTES {
+        v.add(
+            "hello.name",
+            format!(
+                "is {} bytes; at most {MAX_KEY_BYTES} bytes allowed",
+                hello.name.len()
+            ),
+        );
+    }
+    v.finish(())?;
+    let name = if hello.name.is_empty() {
+        "(unnamed)".into()
+    } else {
+        hello.name.into()
+    };
+    Ok(WorkerInfo {
+        name,
+        agents,
+        capacity: hello.capacity,
+        labels: hello.labels.into_iter().collect(),
+    })
+}
+
+fn known_list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none configured".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// A worker's report, or why it cannot be applied (a protocol slip that
+/// is logged and skipped, not a reason to drop the worker's other runs).
+pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent), String> {
+    let agent = Uuid::parse_str(&event.agent_id).map_err(|_| {
+        format!(
+            "agent_id \"{}\" is not an agent id",
+            truncate(&event.agent_id)
+        )
+    })?;
+    use pb::run_event::Event as E;
+    let event = match event.event.ok_or("the event is empty")? {
+        E::Output(chunk) => WorkerEvent::Output(chunk),
+        E::ToolCall(call) => WorkerEvent::ToolCall {
+            name: call.name,
+            input_digest: call.input_digest,
+        },
+        E::Usage(u) => WorkerEvent::Usage(Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            tool_calls: 0,
+        }),
+        E::ApprovalRequest(a) => WorkerEvent::ApprovalRequest {
+            tool_name: a.tool_name,
+            detail: a.detail,
+        },
+        E::Done(d) => WorkerEvent::Done(d.result),
+        E::Failed(f) => {
+            let code = if f.code.is_empty() {
+                CODE_RUN_FAILED
+            } else {
+                f.code.as_str()
+            };
+            WorkerEvent::Failed(AgentError::new(code, f.message))
+        }
+    };
+    Ok((agent, event))
+}
+
+/// What the server sends a worker.
+pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
+    use pb::connect_response::Message as M;
+    let message = match command {
+        WorkerCommand::Assign(a) => M::Assign(pb::RunAssignment {
+            agent: Some(agent_to_pb(&a.agent, SystemTime::now())),
+            prompt: a.prompt.to_string(),
+            steer_messages: a.steer_messages,
+            traceparent: String::new(),
+            deadline: Some(timestamp(a.deadline)),
+        }),
+        WorkerCommand::Steer { agent_id, message } => M::Steer(pb::SteerRun {
+            agent_id: agent_id.to_string(),
+            message,
+        }),
+        WorkerCommand::Cancel { agent_id, reason } => M::Cancel(pb::CancelRun {
+            agent_id: agent_id.to_string(),
+            reason,
+        }),
+        WorkerCommand::Approval {
+            agent_id,
+            approval_id,
+            outcome,
+        } => M::Approval(pb::ApprovalOutcome {
+            agent_id: agent_id.to_string(),
+            approval_id: approval_id.to_string(),
+            approved: outcome.approved,
+            note: outcome.note,
+        }),
+    };
+    pb::ConnectResponse {
+        message: Some(message),
+    }
+}
+
+/// The answer to a worker's hello.
+pub fn welcome_to_pb(worker_id: WorkerId) -> pb::ConnectResponse {
+    pb::ConnectResponse {
+        message: Some(pb::connect_response::Message::Welcome(pb::Welcome {
+            worker_id: worker_id.to_string(),
+        })),
+    }
 }
 
 /// Steer delivery → protobuf enum.

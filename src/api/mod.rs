@@ -5,3 +5,4 @@ pub mod convert;
 pub mod service;
 pub mod status;
 pub mod watch_route;
+pub mod workers;

@@ -163,6 +163,7 @@ pub(crate) fn event_human(event: &pb::WatchAgentsResponse) -> String {
             pb::AgentEventKind::Done => "done".to_owned(),
             pb::AgentEventKind::Failed => "failed".to_owned(),
             pb::AgentEventKind::Cancelled => "cancelled".to_owned(),
+            pb::AgentEventKind::Retrying => "retrying".to_owned(),
             pb::AgentEventKind::Output => "output".to_owned(),
             pb::AgentEventKind::ToolCall => "tool-call".to_owned(),
         })
@@ -371,6 +372,8 @@ mod tests {
             detached: false,
             queue_reason: String::new(),
             bucket: "anthropic".into(),
+            worker_id: String::new(),
+            attempt: 1,
         }
     }
 

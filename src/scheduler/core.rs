@@ -24,6 +24,7 @@ use super::{
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
     state::{check_move, Held},
     types::*,
+    workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, WorkerPool},
 };
 use foldhash::{HashMap, HashSet};
 
@@ -58,11 +59,13 @@ struct RunControl {
     /// Output reported so far; the agent's result while it runs, and after
     /// it if the run ends without one (failed, cancelled).
     output: String,
-    /// Where the decision on the pending approval goes.
+    /// Where the decision on the pending approval goes (in-process
+    /// runners; a worker gets it as a command).
     approval: Option<oneshot::Sender<ApprovalOutcome>>,
-    /// A decision made but not yet handed over: the run gets it when it is
-    /// RUNNING again, not while it waits in the queue.
-    decision: Option<ApprovalOutcome>,
+    /// A decision made but not yet handed over, with its approval id: the
+    /// run gets it when it is RUNNING again, not while it waits in the
+    /// queue.
+    decision: Option<(Uuid, ApprovalOutcome)>,
 }
 
 /// How a steer message was handled.
@@ -100,10 +103,19 @@ struct Record {
 }
 
 impl Record {
+    /// The agent type, when the agent needs a worker's capacity to start:
+    /// a worker type with no worker holding its run yet.
+    fn needs_worker(&self) -> Option<&Arc<str>> {
+        (self.runner == RunnerKind::Worker && self.view.worker_id.is_none())
+            .then_some(&self.view.agent)
+    }
+
     fn sub_key(&self) -> SubKey {
         SubKey {
             bucket: self.view.bucket.clone(),
             parent: self.parent_key.clone(),
+            worker_type: self.needs_worker().cloned(),
+            foreground: !self.view.background,
         }
     }
 }
@@ -168,6 +180,11 @@ pub struct Core {
     no_labels: Labels,
     events: EventLog,
     starts: Vec<RunStart>,
+    /// Connected workers, their capacity and the runs they hold.
+    workers: WorkerPool,
+    /// Worker runs stopped here whose capacity frees after the cancel grace
+    /// unless the worker confirms first; armed by the scheduler handle.
+    grace_timers: Vec<(WorkerId, AgentId, Duration)>,
     /// Set by [`Core::shut_down`]: no more admissions, no more starts.
     closed: bool,
 }
@@ -203,6 +220,8 @@ impl Core {
             no_labels: Labels::default(),
             events: EventLog::new(watch.history, watch.subscriber_buffer),
             starts: Vec::new(),
+            workers: WorkerPool::default(),
+            grace_timers: Vec::new(),
             closed: false,
         }
     }
@@ -318,6 +337,15 @@ impl Core {
     fn bucket_has_room(&self, bucket: &BucketKey) -> bool {
         let limit = self.bucket_limit(bucket);
         limit == 0 || self.bucket_running.get(bucket).copied().unwrap_or(0) < limit
+    }
+
+    /// Whether every limit that holds `rec` has room for it to start:
+    /// bucket and parent for background agents, and worker capacity for a
+    /// worker type without a worker.
+    fn can_start(&self, rec: &Record) -> bool {
+        let limits = !rec.view.background
+            || (self.bucket_has_room(&rec.view.bucket) && self.parent_has_room(&rec.parent_key));
+        limits && rec.needs_worker().is_none_or(|t| self.workers.has_room(t))
     }
 
     fn parent_has_room(&self, parent: &ParentKey) -> bool {
@@ -437,6 +465,8 @@ impl Core {
             background: spec.background,
             detached: spec.detached,
             queue_reason: None,
+            worker_id: None,
+            attempt: 0,
             bucket: bucket.clone(),
         };
         let record = Record {
@@ -472,10 +502,8 @@ impl Core {
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
 
-        let can_start = !spec.background
-            || (self.bucket_has_room(&bucket) && self.parent_has_room(&parent_key));
         let mut dirty = Dirty::default();
-        if can_start {
+        if self.can_start(&self.agents[&id]) {
             self.start(id, &mut dirty);
         } else {
             let rec = &self.agents[&id];
@@ -584,6 +612,26 @@ impl Core {
         to: AgentStatus,
         dirty: &mut Dirty,
     ) -> Result<(), super::state::InvalidMove> {
+        let kind = match to {
+            AgentStatus::Queued => EventKind::Queued,
+            AgentStatus::Running => EventKind::Started,
+            AgentStatus::AwaitingApproval => EventKind::AwaitingApproval,
+            AgentStatus::Done => EventKind::Done,
+            AgentStatus::Failed => EventKind::Failed,
+            AgentStatus::Cancelled => EventKind::Cancelled,
+        };
+        self.transition_as(id, to, kind, dirty)
+    }
+
+    /// [`Core::transition`], publishing `kind` (e.g. RETRYING for a QUEUED
+    /// that is a retry).
+    fn transition_as(
+        &mut self,
+        id: AgentId,
+        to: AgentStatus,
+        kind: EventKind,
+        dirty: &mut Dirty,
+    ) -> Result<(), super::state::InvalidMove> {
         let rec = self.agents.get(&id).expect("transition of a known agent");
         let from = rec.view.status;
         check_move(from, to)?;
@@ -629,6 +677,26 @@ impl Core {
                     rec.view.result = run.output.into();
                 }
             }
+            // Ended here (cancel, deadline, parent ended) while a worker
+            // still holds the run: tell it to stop; its capacity stays taken
+            // until it confirms or the grace passes.
+            if let Some(worker) = rec.view.worker_id {
+                if self.workers.holds(worker, id) {
+                    let reason = rec
+                        .view
+                        .error
+                        .as_ref()
+                        .map_or_else(|| "run stopped".to_owned(), |e| e.message.to_string());
+                    self.workers.send(
+                        worker,
+                        WorkerCommand::Cancel {
+                            agent_id: id,
+                            reason,
+                        },
+                    );
+                    self.grace_timers.push((worker, id, self.runs.cancel_grace));
+                }
+            }
             if let Some(lead) = rec.view.lead_id.clone() {
                 if let Some(set) = self.lead_live.get_mut(&lead) {
                     set.remove(&id);
@@ -646,14 +714,6 @@ impl Core {
                 }
             }
         }
-        let kind = match to {
-            AgentStatus::Queued => EventKind::Queued,
-            AgentStatus::Running => EventKind::Started,
-            AgentStatus::AwaitingApproval => EventKind::AwaitingApproval,
-            AgentStatus::Done => EventKind::Done,
-            AgentStatus::Failed => EventKind::Failed,
-            AgentStatus::Cancelled => EventKind::Cancelled,
-        };
         self.publish(id, kind);
         Ok(())
     }
@@ -662,11 +722,28 @@ impl Core {
     /// on first start.
     fn start(&mut self, id: AgentId, dirty: &mut Dirty) {
         let rec = self.agents.get_mut(&id).expect("known agent");
+        // A worker type takes a slot of the serving worker with the most
+        // free capacity. Admission checked there is one; the agent leaves
+        // the queue under its key *before* the assignment changes that key
+        // (the removal in `transition` then finds nothing to do).
+        if let Some(agent_type) = rec.needs_worker() {
+            let Some(worker) = self.workers.pick(agent_type) else {
+                debug_assert!(false, "started without worker capacity");
+                return;
+            };
+            if rec.view.status == AgentStatus::Queued {
+                self.queue.remove(rec.seq, &rec.sub_key());
+            }
+            self.workers.hold(worker, id);
+            rec.view.worker_id = Some(worker);
+        }
+        let now = SystemTime::now();
         if rec.view.started_at.is_none() {
-            rec.view.started_at = Some(SystemTime::now());
+            rec.view.started_at = Some(now);
         }
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
+            rec.view.attempt += 1;
             let (tx, rx) = steer_inbox();
             rec.run = Some(RunControl {
                 cancel: CancellationToken::new(),
@@ -679,28 +756,75 @@ impl Core {
         } else {
             None
         };
+        let on_worker = rec
+            .view
+            .worker_id
+            .filter(|_| rec.runner == RunnerKind::Worker);
         let run = rec.run.as_ref().expect("run controls exist");
-        for msg in rec.steer_buffer.drain(..) {
-            // The receiver lives as long as the run task; a closed channel
-            // means the run is ending and the message has nowhere to go.
-            let _ = run.steer.send(msg);
+        // Steer messages that waited: a worker gets them in its assignment
+        // (or after the approval decision), an in-process run in its inbox.
+        let mut waiting_steers = std::mem::take(&mut rec.steer_buffer);
+        if on_worker.is_none() {
+            for msg in waiting_steers.drain(..) {
+                // The inbox lives as long as the run task; a closed one means
+                // the run is ending and the message has nowhere to go.
+                let _ = run.steer.send(msg);
+            }
         }
         let cancel = run.cancel.clone();
         if self.transition(id, AgentStatus::Running, dirty).is_err() {
             return;
         }
+        let rec = self.agents.get_mut(&id).expect("known agent");
         // Resuming after an approval: the run learns the decision now.
-        if let Some(run) = self.agents.get_mut(&id).and_then(|r| r.run.as_mut()) {
-            if let (Some(decision), Some(tx)) = (run.decision.take(), run.approval.take()) {
-                let _ = tx.send(decision);
+        if let Some(run) = rec.run.as_mut() {
+            if let Some((approval_id, outcome)) = run.decision.take() {
+                match (on_worker, run.approval.take()) {
+                    (Some(worker), _) => {
+                        self.workers.send(
+                            worker,
+                            WorkerCommand::Approval {
+                                agent_id: id,
+                                approval_id,
+                                outcome,
+                            },
+                        );
+                    }
+                    (None, Some(tx)) => {
+                        let _ = tx.send(outcome);
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        if let (Some(worker), false) = (on_worker, first_start) {
+            for message in waiting_steers.drain(..) {
+                self.workers.send(
+                    worker,
+                    WorkerCommand::Steer {
+                        agent_id: id,
+                        message,
+                    },
+                );
             }
         }
         if let Some(steer) = steer_rx {
-            let rec = self.agents.get_mut(&id).expect("known agent");
+            let prompt = rec.prompt.take().unwrap_or_else(|| "".into());
+            if let Some(worker) = on_worker {
+                self.workers.send(
+                    worker,
+                    WorkerCommand::Assign(Assignment {
+                        agent: rec.view.clone(),
+                        prompt: prompt.clone(),
+                        steer_messages: waiting_steers,
+                        deadline: now + rec.timeout,
+                    }),
+                );
+            }
             let start = RunStart {
                 agent: rec.view.clone(),
                 runner: rec.runner,
-                prompt: rec.prompt.take().unwrap_or_else(|| "".into()),
+                prompt,
                 steer,
                 cancel,
                 timeout: rec.timeout,
@@ -717,6 +841,7 @@ impl Core {
                 &dirty,
                 |b| self.bucket_has_room(b),
                 |p| self.parent_has_room(p),
+                |t| self.workers.has_room(t),
             );
             let Some((_, id, _)) = next else { break };
             let mut more = Dirty::default();
@@ -730,6 +855,12 @@ impl Core {
     /// Runs to hand to the runners since the last call.
     pub fn take_starts(&mut self) -> Vec<RunStart> {
         std::mem::take(&mut self.starts)
+    }
+
+    /// Cancel-grace timers to arm since the last call: after the duration,
+    /// [`Core::release_worker_slot`] the (worker, agent) pair.
+    pub fn take_grace_timers(&mut self) -> Vec<(WorkerId, AgentId, Duration)> {
+        std::mem::take(&mut self.grace_timers)
     }
 
     // ----- run reports -------------------------------------------------------
@@ -823,22 +954,34 @@ impl Core {
     }
 
     /// The run asks for approval of a tool call: RUNNING → AWAITING_APPROVAL,
-    /// freeing its bucket and parent slots (the global slot stays). Returns
-    /// the new approval and where its decision will arrive (once the agent
-    /// runs again), or None if the agent is not running.
+    /// freeing its bucket and parent slots (the global slot and a worker's
+    /// capacity stay). Returns the new approval and where its decision will
+    /// arrive (once the agent runs again), or None if the agent is not
+    /// running.
     pub fn request_approval(
         &mut self,
         id: AgentId,
         tool_name: &str,
         detail: &str,
     ) -> Option<(Approval, oneshot::Receiver<ApprovalOutcome>)> {
+        let (tx, rx) = oneshot::channel();
+        let approval = self.pause_for_approval(id, tool_name, detail, Some(tx))?;
+        Some((approval, rx))
+    }
+
+    fn pause_for_approval(
+        &mut self,
+        id: AgentId,
+        tool_name: &str,
+        detail: &str,
+        decision_to: Option<oneshot::Sender<ApprovalOutcome>>,
+    ) -> Option<Approval> {
         let rec = self.agents.get_mut(&id)?;
         if rec.view.status != AgentStatus::Running {
             return None;
         }
         let run = rec.run.as_mut()?;
-        let (tx, rx) = oneshot::channel();
-        run.approval = Some(tx);
+        run.approval = decision_to;
         run.decision = None;
         let approval = Approval {
             id: Uuid::new_v4(),
@@ -854,7 +997,7 @@ impl Core {
         self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
             .ok()?;
         self.drain(dirty);
-        Some((approval, rx))
+        Some(approval)
     }
 
     /// Decides an agent's pending approval: the agent goes back to its
@@ -882,7 +1025,7 @@ impl Core {
             });
         }
         if let Some(run) = rec.run.as_mut() {
-            run.decision = Some(outcome);
+            run.decision = Some((approval_id, outcome));
         }
         self.resume(id);
         Ok(self.view(id).expect("known agent"))
@@ -911,6 +1054,144 @@ impl Core {
         }
         self.drain(dirty);
         true
+    }
+
+    // ----- workers --------------------------------------------------------------
+
+    /// Registers a connected worker; queued agents of its types may start
+    /// at once.
+    pub fn register_worker(
+        &mut self,
+        info: WorkerInfo,
+        commands: tokio::sync::mpsc::UnboundedSender<WorkerCommand>,
+    ) -> WorkerId {
+        let mut dirty = Dirty::default();
+        for agent_type in &info.agents {
+            dirty.worker_type(agent_type);
+        }
+        let id = self.workers.register(info, commands);
+        self.drain(dirty);
+        id
+    }
+
+    /// The agent types served by workers, for validating a hello: every
+    /// configured type with `runner = "worker"`.
+    pub fn worker_agent_types(&self) -> Vec<String> {
+        self.agent_types
+            .iter()
+            .filter(|(_, t)| t.runner == RunnerKind::Worker)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// A worker's session ended (stream closed, keepalive failed). Each
+    /// live run it held fails with WORKER_LOST, or is queued again when its
+    /// type retries; returns how many runs it held.
+    pub fn worker_lost(&mut self, worker: WorkerId) -> usize {
+        let Some((info, held)) = self.workers.remove(worker) else {
+            return 0;
+        };
+        let mut dirty = Dirty::default();
+        for &id in &held {
+            let Some(rec) = self.agents.get(&id) else {
+                continue;
+            };
+            // Runs stopped here and awaiting the worker's confirmation are
+            // already terminal; their capacity went with the worker.
+            if rec.view.status.is_terminal() || rec.view.worker_id != Some(worker) {
+                continue;
+            }
+            let retries = self
+                .agent_types
+                .get(&*rec.view.agent)
+                .map_or(0, |t| t.retry_on_worker_lost);
+            if rec.view.attempt <= retries {
+                self.retry(id, &mut dirty);
+            } else {
+                let error = AgentError::new(
+                    CODE_WORKER_LOST,
+                    format!(
+                        "worker \"{}\" ({worker}) was lost while holding the run (attempt {})",
+                        info.name, rec.view.attempt
+                    ),
+                );
+                self.finish(id, Err(error));
+            }
+        }
+        self.drain(dirty);
+        held.len()
+    }
+
+    /// Queues a run whose worker was lost for another attempt, ahead of
+    /// newer agents (it keeps its admission sequence).
+    fn retry(&mut self, id: AgentId, dirty: &mut Dirty) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        if let Some(run) = rec.run.take() {
+            // Ends this attempt's run task without a report.
+            run.cancel.cancel();
+        }
+        rec.view.worker_id = None;
+        rec.view.approval = None;
+        if self
+            .transition_as(id, AgentStatus::Queued, EventKind::Retrying, dirty)
+            .is_err()
+        {
+            return;
+        }
+        if !self.closed && self.can_start(&self.agents[&id]) {
+            self.start(id, dirty);
+        }
+    }
+
+    /// The cancel grace of a stopped worker run passed: its capacity frees
+    /// unless the worker already confirmed the run ended.
+    pub fn release_worker_slot(&mut self, worker: WorkerId, agent: AgentId) -> bool {
+        if !self.workers.release(worker, agent) {
+            return false;
+        }
+        let mut dirty = Dirty::default();
+        for agent_type in self.workers.agents_of(worker) {
+            dirty.worker_type(agent_type);
+        }
+        self.drain(dirty);
+        true
+    }
+
+    /// Applies a worker's report about one of its runs. Reports about runs
+    /// the worker does not hold, or that already ended, are not applied;
+    /// a terminal report always frees the worker's capacity for the run.
+    pub fn worker_report(&mut self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
+        let live = self.agents.get(&agent).is_some_and(|r| {
+            r.view.worker_id == Some(worker)
+                && r.runner == RunnerKind::Worker
+                && !r.view.status.is_terminal()
+        }) && self.workers.holds(worker, agent);
+        if event.is_terminal() {
+            self.release_worker_slot(worker, agent);
+        }
+        if !live {
+            return false;
+        }
+        match event {
+            WorkerEvent::Output(chunk) => self.append_output(agent, &chunk),
+            WorkerEvent::ToolCall { name, input_digest } => {
+                self.record_tool_call(agent, &name, &input_digest)
+            }
+            WorkerEvent::Usage(usage) => self.add_usage(agent, usage),
+            WorkerEvent::ApprovalRequest { tool_name, detail } => {
+                return self
+                    .pause_for_approval(agent, &tool_name, &detail, None)
+                    .is_some();
+            }
+            WorkerEvent::Done(result) => return self.finish(agent, Ok(result)),
+            WorkerEvent::Failed(error) => return self.finish(agent, Err(error)),
+        }
+        true
+    }
+
+    /// Every worker's (id, capacity, held runs), for invariant checks.
+    pub fn worker_snapshot(&self) -> Vec<(WorkerId, u32, Vec<AgentId>)> {
+        self.workers.snapshot()
     }
 
     // ----- cancel -------------------------------------------------------------
@@ -1030,10 +1311,22 @@ impl Core {
         })?;
         let delivery = match rec.view.status {
             AgentStatus::Running => {
-                if let Some(run) = &rec.run {
-                    // A closed channel means the run is ending; the message
-                    // would be lost either way.
-                    let _ = run.steer.send(message);
+                match (rec.view.worker_id, &rec.run) {
+                    (Some(worker), _) if rec.runner == RunnerKind::Worker => {
+                        self.workers.send(
+                            worker,
+                            WorkerCommand::Steer {
+                                agent_id: id,
+                                message,
+                            },
+                        );
+                    }
+                    (_, Some(run)) => {
+                        // A closed inbox means the run is ending; the message
+                        // would be lost either way.
+                        let _ = run.steer.send(message);
+                    }
+                    (_, None) => {}
                 }
                 SteerDelivery::Delivered
             }
@@ -1071,6 +1364,13 @@ impl Core {
     }
 
     fn queue_reason(&self, rec: &Record) -> String {
+        if !rec.view.background {
+            // Foreground agents bypass bucket and parent: only a worker can
+            // be missing.
+            return self
+                .worker_reason(rec)
+                .unwrap_or_else(|| "waiting for a slot".to_owned());
+        }
         let bucket = &rec.view.bucket;
         let limit = self.bucket_limit(bucket);
         let running = self.bucket_running.get(bucket).copied().unwrap_or(0);
@@ -1086,7 +1386,26 @@ impl Core {
         if limit != 0 && running >= limit {
             return format!("parent limit {running}/{limit}");
         }
-        "waiting for a slot".to_owned()
+        self.worker_reason(rec)
+            .unwrap_or_else(|| "waiting for a slot".to_owned())
+    }
+
+    /// Why a worker type's agent cannot get a worker, if it cannot.
+    fn worker_reason(&self, rec: &Record) -> Option<String> {
+        let agent_type = rec.needs_worker()?;
+        let cap = self.workers.capacity_of(agent_type);
+        if cap.workers == 0 {
+            Some(format!(
+                "no worker connected for agent type \"{agent_type}\""
+            ))
+        } else if !self.workers.has_room(agent_type) {
+            Some(format!(
+                "all {} workers for agent type \"{agent_type}\" are busy ({}/{} runs)",
+                cap.workers, cap.held, cap.capacity
+            ))
+        } else {
+            None
+        }
     }
 
     /// One agent as the API shows it.

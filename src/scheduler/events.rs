@@ -38,6 +38,8 @@ pub enum EventKind {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Queued again after its worker was lost.
+    Retrying,
     /// Progress: output (see [`Event::progress`]).
     Output,
     /// Progress: a tool call (see [`Event::progress`]).

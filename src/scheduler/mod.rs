@@ -11,6 +11,7 @@ pub mod inbox;
 pub mod queue;
 pub mod state;
 pub mod types;
+pub mod workers;
 
 use std::{
     collections::HashMap,
@@ -28,6 +29,7 @@ pub use self::core::{Core, Page, RunStart, SteerDelivery};
 pub use error::{Error, FieldViolation};
 pub use events::{Event, EventKind, Progress, Subscription};
 pub use types::*;
+pub use workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
 
 use crate::{
     config::{Config, RunnerKind},
@@ -91,15 +93,25 @@ impl Scheduler {
     /// Runs `f` on the locked core, then starts the runs it admitted. The
     /// lock is released before anything is spawned.
     fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let (out, starts) = {
+        let (out, starts, grace_timers) = {
             let mut core = self.shared.core.lock();
             let out = f(&mut core);
-            (out, core.take_starts())
+            (out, core.take_starts(), core.take_grace_timers())
         };
         for start in starts {
             tokio::spawn(self.clone().drive(start));
         }
+        for (worker, agent, grace) in grace_timers {
+            tokio::spawn(self.clone().release_after(worker, agent, grace));
+        }
         out
+    }
+
+    /// Frees a stopped worker run's capacity once its cancel grace passed
+    /// (a no-op if the worker confirmed first).
+    async fn release_after(self, worker: WorkerId, agent: AgentId, grace: Duration) {
+        tokio::time::sleep(grace).await;
+        self.with_core(|c| c.release_worker_slot(worker, agent));
     }
 
     /// Mutates the core for a change that cannot start runs (run reports).
@@ -118,6 +130,23 @@ impl Scheduler {
     async fn drive(self, start: RunStart) {
         let id = start.agent.id;
         let cancel = start.cancel.clone();
+        if start.runner == RunnerKind::Worker {
+            // A worker's reports reach the core directly (`worker_report`):
+            // this task only keeps the run's deadline.
+            let deadline = match tokio::time::Instant::now().checked_add(start.timeout) {
+                Some(at) => at,
+                None => return,
+            };
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    let error = deadline_error(start.timeout);
+                    self.with_core(|c| c.finish(id, Err(error)));
+                }
+            }
+            return;
+        }
         let Some(runner) = self.shared.runners.get(&start.runner).cloned() else {
             let error = AgentError::new(
                 "RUNNER_UNAVAILABLE",
@@ -146,10 +175,7 @@ impl Scheduler {
         let outcome = tokio::select! {
             biased;
             () = cancel.cancelled() => return,
-            () = deadline => Err(AgentError::new(
-                CODE_DEADLINE_EXCEEDED,
-                format!("run exceeded its deadline of {}", humantime::format_duration(timeout)),
-            )),
+            () = deadline => Err(deadline_error(timeout)),
             out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
                 let what = panic
                     .downcast_ref::<&str>()
@@ -160,6 +186,30 @@ impl Scheduler {
             }),
         };
         self.with_core(|c| c.finish(id, outcome));
+    }
+
+    /// Registers a connected worker (see [`Core::register_worker`]).
+    pub fn register_worker(
+        &self,
+        info: WorkerInfo,
+        commands: tokio::sync::mpsc::UnboundedSender<WorkerCommand>,
+    ) -> WorkerId {
+        self.with_core(|c| c.register_worker(info, commands))
+    }
+
+    /// Agent types with `runner = "worker"` in the current config.
+    pub fn worker_agent_types(&self) -> Vec<String> {
+        self.inspect(Core::worker_agent_types)
+    }
+
+    /// A worker's session ended (see [`Core::worker_lost`]).
+    pub fn worker_lost(&self, worker: WorkerId) -> usize {
+        self.with_core(|c| c.worker_lost(worker))
+    }
+
+    /// A worker reported on one of its runs (see [`Core::worker_report`]).
+    pub fn worker_report(&self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
+        self.with_core(|c| c.worker_report(worker, agent, event))
     }
 
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
@@ -429,6 +479,16 @@ impl RunReporter {
             None => std::future::pending().await,
         }
     }
+}
+
+fn deadline_error(timeout: Duration) -> AgentError {
+    AgentError::new(
+        CODE_DEADLINE_EXCEEDED,
+        format!(
+            "run exceeded its deadline of {}",
+            humantime::format_duration(timeout)
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -8,6 +8,11 @@
 //! found by walking that limit's head index and skipping whole sub-queues
 //! whose *other* limit is full. Nothing here scans individual queued agents:
 //! push, remove and pop are O(log n).
+//!
+//! Agents of a worker type that have no worker yet are also held by worker
+//! capacity for their type: a third limit with its own head index. Queued
+//! foreground agents (which bypass bucket and parent limits) can only be
+//! waiting for a worker, so they are indexed by type alone.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +31,22 @@ pub struct SubKey {
     pub bucket: BucketKey,
     /// Its parent for the per-parent limit.
     pub parent: ParentKey,
+    /// The agent type, when it needs a worker's capacity to start.
+    pub worker_type: Option<Arc<str>>,
+    /// Foreground: not held by its bucket or parent limit.
+    pub foreground: bool,
+}
+
+impl SubKey {
+    /// A background agent held by its bucket and parent only.
+    pub fn new(bucket: BucketKey, parent: ParentKey) -> Self {
+        Self {
+            bucket,
+            parent,
+            worker_type: None,
+            foreground: false,
+        }
+    }
 }
 
 /// Limits whose room grew since the last drain.
@@ -33,6 +54,7 @@ pub struct SubKey {
 pub struct Dirty {
     buckets: Vec<BucketKey>,
     parents: Vec<ParentKey>,
+    types: Vec<Arc<str>>,
     all: bool,
 }
 
@@ -51,6 +73,14 @@ impl Dirty {
         }
     }
 
+    /// Worker capacity for an agent type grew (a worker connected or
+    /// freed a slot).
+    pub fn worker_type(&mut self, t: &Arc<str>) {
+        if !self.types.contains(t) {
+            self.types.push(t.clone());
+        }
+    }
+
     /// Every limit may have room (after a limit change).
     pub fn everything(&mut self) {
         self.all = true;
@@ -58,7 +88,7 @@ impl Dirty {
 
     /// Nothing freed.
     pub fn is_empty(&self) -> bool {
-        !self.all && self.buckets.is_empty() && self.parents.is_empty()
+        !self.all && self.buckets.is_empty() && self.parents.is_empty() && self.types.is_empty()
     }
 }
 
@@ -68,6 +98,7 @@ pub struct AdmissionQueue {
     subqueues: HashMap<SubKey, BTreeMap<u64, AgentId>>,
     by_bucket: HashMap<BucketKey, BTreeMap<u64, SubKey>>,
     by_parent: HashMap<ParentKey, BTreeMap<u64, SubKey>>,
+    by_type: HashMap<Arc<str>, BTreeMap<u64, SubKey>>,
     len: usize,
 }
 
@@ -141,9 +172,14 @@ impl AdmissionQueue {
                 index.remove(k);
             }
         }
-        update(&mut self.by_bucket, &key.bucket, key, old, new);
-        if key.parent != ParentKey::None {
-            update(&mut self.by_parent, &key.parent, key, old, new);
+        if !key.foreground {
+            update(&mut self.by_bucket, &key.bucket, key, old, new);
+            if key.parent != ParentKey::None {
+                update(&mut self.by_parent, &key.parent, key, old, new);
+            }
+        }
+        if let Some(t) = &key.worker_type {
+            update(&mut self.by_type, t, key, old, new);
         }
     }
 
@@ -157,6 +193,7 @@ impl AdmissionQueue {
         dirty: &Dirty,
         bucket_room: impl Fn(&BucketKey) -> bool,
         parent_room: impl Fn(&ParentKey) -> bool,
+        type_room: impl Fn(&str) -> bool,
     ) -> Option<(u64, AgentId, SubKey)> {
         let mut best: Option<(u64, &SubKey)> = None;
         let mut consider = |candidate: Option<(&u64, &'a SubKey)>| {
@@ -166,9 +203,21 @@ impl AdmissionQueue {
                 }
             }
         };
+        let worker_ok = |k: &SubKey| k.worker_type.as_deref().is_none_or(&type_room);
         let first_in_bucket = |b: &BucketKey, heads: &'a BTreeMap<u64, SubKey>| {
             if bucket_room(b) {
-                heads.iter().find(|(_, k)| parent_room(&k.parent))
+                heads
+                    .iter()
+                    .find(|(_, k)| parent_room(&k.parent) && worker_ok(k))
+            } else {
+                None
+            }
+        };
+        let first_of_type = |t: &str, heads: &'a BTreeMap<u64, SubKey>| {
+            if type_room(t) {
+                heads.iter().find(|(_, k)| {
+                    k.foreground || (bucket_room(&k.bucket) && parent_room(&k.parent))
+                })
             } else {
                 None
             }
@@ -176,6 +225,9 @@ impl AdmissionQueue {
         if dirty.all {
             for (b, heads) in &self.by_bucket {
                 consider(first_in_bucket(b, heads));
+            }
+            for (t, heads) in &self.by_type {
+                consider(first_of_type(t, heads));
             }
         } else {
             for b in &dirty.buckets {
@@ -188,7 +240,16 @@ impl AdmissionQueue {
                     continue;
                 }
                 if let Some(heads) = self.by_parent.get(p) {
-                    consider(heads.iter().find(|(_, k)| bucket_room(&k.bucket)));
+                    consider(
+                        heads
+                            .iter()
+                            .find(|(_, k)| bucket_room(&k.bucket) && worker_ok(k)),
+                    );
+                }
+            }
+            for t in &dirty.types {
+                if let Some(heads) = self.by_type.get(t) {
+                    consider(first_of_type(t, heads));
                 }
             }
         }
@@ -204,14 +265,14 @@ mod tests {
     use uuid::Uuid;
 
     fn key(b: &str, p: u128) -> SubKey {
-        SubKey {
-            bucket: b.into(),
-            parent: if p == 0 {
+        SubKey::new(
+            b.into(),
+            if p == 0 {
                 ParentKey::None
             } else {
                 ParentKey::Agent(Uuid::from_u128(p))
             },
-        }
+        )
     }
 
     #[test]
@@ -223,10 +284,14 @@ mod tests {
         let mut dirty = Dirty::default();
         dirty.bucket(&"a".into());
         dirty.bucket(&"b".into());
-        let (seq, _, k) = q.next_eligible(&dirty, |_| true, |_| true).unwrap();
+        let (seq, _, k) = q
+            .next_eligible(&dirty, |_| true, |_| true, |_| true)
+            .unwrap();
         assert_eq!(seq, 1);
         assert!(q.remove(seq, &k));
-        let (seq, _, _) = q.next_eligible(&dirty, |_| true, |_| true).unwrap();
+        let (seq, _, _) = q
+            .next_eligible(&dirty, |_| true, |_| true, |_| true)
+            .unwrap();
         assert_eq!(seq, 2);
         assert_eq!(q.len(), 2);
     }
@@ -239,7 +304,9 @@ mod tests {
         let mut dirty = Dirty::default();
         dirty.bucket(&"a".into());
         let full = ParentKey::Agent(Uuid::from_u128(7));
-        let (seq, _, _) = q.next_eligible(&dirty, |_| true, |p| *p != full).unwrap();
+        let (seq, _, _) = q
+            .next_eligible(&dirty, |_| true, |p| *p != full, |_| true)
+            .unwrap();
         assert_eq!(seq, 2);
     }
 
@@ -250,9 +317,19 @@ mod tests {
         q.push(2, Uuid::from_u128(2), key("a", 0));
         let mut dirty = Dirty::default();
         dirty.everything();
-        assert_eq!(q.next_eligible(&dirty, |_| true, |_| true).unwrap().0, 2);
+        assert_eq!(
+            q.next_eligible(&dirty, |_| true, |_| true, |_| true)
+                .unwrap()
+                .0,
+            2
+        );
         assert!(q.remove(2, &key("a", 0)));
         assert!(!q.remove(2, &key("a", 0)));
-        assert_eq!(q.next_eligible(&dirty, |_| true, |_| true).unwrap().0, 5);
+        assert_eq!(
+            q.next_eligible(&dirty, |_| true, |_| true, |_| true)
+                .unwrap()
+                .0,
+            5
+        );
     }
 }

@@ -62,7 +62,8 @@ pub fn check_move(from: AgentStatus, to: AgentStatus) -> Result<(), InvalidMove>
     use AgentStatus::*;
     let ok = match from {
         Queued => matches!(to, Running | Failed | Cancelled),
-        Running => matches!(to, AwaitingApproval | Done | Failed | Cancelled),
+        // RUNNING → QUEUED: a retry after the run's worker was lost.
+        Running => matches!(to, Queued | AwaitingApproval | Done | Failed | Cancelled),
         AwaitingApproval => matches!(to, Queued | Running | Done | Failed | Cancelled),
         Done | Failed | Cancelled => false,
     };

@@ -92,6 +92,8 @@ pub const CODE_DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 pub const CODE_CANCELLED: &str = "CANCELLED";
 /// Error code of a run that reported failure.
 pub const CODE_RUN_FAILED: &str = "RUN_FAILED";
+/// Error code of a run whose worker was lost.
+pub const CODE_WORKER_LOST: &str = "WORKER_LOST";
 
 /// A pending approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +176,12 @@ pub struct AgentView {
     pub queue_reason: Option<Arc<str>>,
     /// Bucket key it is counted in.
     pub bucket: Arc<str>,
+    /// The worker session holding its run (worker agent types, while the
+    /// run is on a worker).
+    pub worker_id: Option<Uuid>,
+    /// Which run this is: 1 for the first, + 1 per retry after a lost
+    /// worker; 0 before the first start.
+    pub attempt: u32,
 }
 
 impl AgentView {

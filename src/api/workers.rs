@@ -1,0 +1,147 @@
+//! `subagents.v1.WorkerService`: one session per connected worker. The
+//! handler validates the hello, registers the worker with the scheduler and
+//! then only converts: the worker's reports go to the scheduler, the
+//! scheduler's commands go to the worker.
+
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use super::convert;
+use crate::pb::{self, worker_service_server::WorkerService};
+use crate::scheduler::{Scheduler, WorkerId};
+
+/// The gRPC service over a [`Scheduler`].
+#[derive(Debug, Clone)]
+pub struct WorkerServiceImpl {
+    scheduler: Scheduler,
+    /// Cancelled at shutdown: sessions stop reading.
+    shutdown: CancellationToken,
+}
+
+impl WorkerServiceImpl {
+    /// A service over `scheduler`; sessions end when `shutdown` fires.
+    pub fn new(scheduler: Scheduler, shutdown: CancellationToken) -> Self {
+        Self {
+            scheduler,
+            shutdown,
+        }
+    }
+}
+
+type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::ConnectResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkerService for WorkerServiceImpl {
+    type ConnectStream = ConnectStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::ConnectRequest>>,
+    ) -> Result<Response<ConnectStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::from(crate::scheduler::Error::invalid(
+                "hello",
+                "the stream ended before the worker's `hello`",
+            ))
+        })?;
+        let hello = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        let name = hello.name.clone();
+        let agents = hello.agents.join(",");
+        let capacity = hello.capacity;
+        let (commands, outbound) = tokio::sync::mpsc::unbounded_channel();
+        let worker_id = self.scheduler.register_worker(hello, commands);
+        info!(%worker_id, %name, %agents, capacity, "worker connected");
+        let session = Session {
+            scheduler: self.scheduler.clone(),
+            worker_id,
+            name: name.to_string(),
+        };
+        tokio::spawn(session.run(inbound, self.shutdown.clone()));
+        let welcome = futures_util::stream::once(async move { convert::welcome_to_pb(worker_id) });
+        // The command channel closes when the scheduler forgets the worker
+        // (its session ended), which ends this stream with OK.
+        let commands = UnboundedReceiverStream::new(outbound).map(convert::worker_command_to_pb);
+        Ok(Response::new(Box::pin(welcome.chain(commands).map(Ok))))
+    }
+}
+
+/// The reading half of a worker session. However it ends — the worker
+/// closed its side, the connection broke or stopped answering keepalive
+/// pings, the server shuts down — the worker is lost exactly once (on drop).
+struct Session {
+    scheduler: Scheduler,
+    worker_id: WorkerId,
+    name: String,
+}
+
+impl Session {
+    async fn run(self, mut inbound: Streaming<pb::ConnectRequest>, shutdown: CancellationToken) {
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                m = inbound.message() => m,
+            };
+            let request = match message {
+                Ok(Some(request)) => request,
+                Ok(None) => {
+                    info!(worker_id = %self.worker_id, name = %self.name, "worker closed its session");
+                    return;
+                }
+                Err(status) => {
+                    warn!(worker_id = %self.worker_id, name = %self.name, %status, "worker session broke");
+                    return;
+                }
+            };
+            match request.message {
+                Some(pb::connect_request::Message::Event(event)) => self.apply(event),
+                Some(pb::connect_request::Message::Hello(_)) => {
+                    warn!(worker_id = %self.worker_id, "a second hello is ignored");
+                }
+                None => warn!(worker_id = %self.worker_id, "an empty message is ignored"),
+            }
+        }
+    }
+
+    fn apply(&self, event: pb::RunEvent) {
+        match convert::worker_event_from_pb(event) {
+            Ok((agent, event)) => {
+                let kind = worker_event_name(&event);
+                if !self.scheduler.worker_report(self.worker_id, agent, event) {
+                    // Normal after a cancel or deadline: the worker had not
+                    // seen the stop yet.
+                    debug!(
+                        worker_id = %self.worker_id, %agent, kind,
+                        "worker report ignored: not a live run of this worker"
+                    );
+                }
+            }
+            Err(why) => warn!(worker_id = %self.worker_id, %why, "worker report ignored"),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let runs = self.scheduler.worker_lost(self.worker_id);
+        info!(worker_id = %self.worker_id, name = %self.name, runs, "worker lost");
+    }
+}
+
+fn worker_event_name(event: &crate::scheduler::WorkerEvent) -> &'static str {
+    use crate::scheduler::WorkerEvent as E;
+    match event {
+        E::Output(_) => "output",
+        E::ToolCall { .. } => "tool_call",
+        E::Usage(_) => "usage",
+        E::ApprovalRequest { .. } => "approval_request",
+        E::Done(_) => "done",
+        E::Failed(_) => "failed",
+    }
+}

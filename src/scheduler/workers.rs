@@ -1,0 +1,349 @@
+//! Workers: processes that execute runs of `runner = "worker"` agent types
+//! over a WorkerService stream.
+//!
+//! The core owns what admission needs — which workers serve which types,
+//! their capacity and the runs each holds — so worker capacity is checked in
+//! the same step as the bucket, parent and global limits. The API layer owns
+//! the streams: it registers each worker's [`WorkerCommand`] channel here
+//! and hands the worker's reports to the core, which applies them to the
+//! run's agent. Every command to a worker is sent by the core under its
+//! lock, so a worker sees `assign`, `steer`, `approval` and `cancel` for a
+//! run in the order the agent went through them.
+//!
+//! A run holds one unit of its worker's capacity from assignment until the
+//! worker reports the run ended (done or failed, also after a cancel), the
+//! cancel grace passes, or the worker is lost — whichever comes first, and
+//! exactly once ([`WorkerPool::release`] is the only way out of `held`).
+
+use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+
+use foldhash::{HashMap, HashSet};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::types::{AgentError, AgentId, AgentView, ApprovalOutcome, Usage};
+
+/// Server-assigned id of one worker session.
+pub type WorkerId = Uuid;
+
+/// What a worker says about itself when it connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// Human-readable name; need not be unique.
+    pub name: Arc<str>,
+    /// Agent types it runs.
+    pub agents: Vec<Arc<str>>,
+    /// Runs it can hold at once (≥ 1).
+    pub capacity: u32,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the server tells a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerCommand {
+    /// Execute a run.
+    Assign(Assignment),
+    /// A steer message for a run it holds.
+    Steer {
+        /// The run's agent.
+        agent_id: AgentId,
+        /// The message.
+        message: String,
+    },
+    /// Stop a run.
+    Cancel {
+        /// The run's agent.
+        agent_id: AgentId,
+        /// Why.
+        reason: String,
+    },
+    /// The decision on a run's approval request.
+    Approval {
+        /// The run's agent.
+        agent_id: AgentId,
+        /// The approval decided.
+        approval_id: Uuid,
+        /// The decision.
+        outcome: ApprovalOutcome,
+    },
+}
+
+/// A run handed to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assignment {
+    /// The agent as it is at start.
+    pub agent: AgentView,
+    /// The prompt.
+    pub prompt: Arc<str>,
+    /// Steer messages sent while the agent waited, oldest first.
+    pub steer_messages: Vec<String>,
+    /// When the server ends the run with DEADLINE_EXCEEDED.
+    pub deadline: SystemTime,
+}
+
+/// What a worker reports about one of its runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerEvent {
+    /// A chunk of output.
+    Output(String),
+    /// A tool call.
+    ToolCall {
+        /// Tool name.
+        name: String,
+        /// Digest of its input; may be empty.
+        input_digest: String,
+    },
+    /// Tokens used.
+    Usage(Usage),
+    /// The run needs a decision.
+    ApprovalRequest {
+        /// The tool.
+        tool_name: String,
+        /// Details for the decider.
+        detail: String,
+    },
+    /// Finished with a result (terminal).
+    Done(String),
+    /// Failed (terminal).
+    Failed(AgentError),
+}
+
+impl WorkerEvent {
+    /// Done or failed: the worker no longer holds the run.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Done(_) | Self::Failed(_))
+    }
+}
+
+#[derive(Debug)]
+struct Worker {
+    info: WorkerInfo,
+    commands: mpsc::UnboundedSender<WorkerCommand>,
+    /// Runs holding its capacity: running, awaiting approval, or stopped
+    /// and not yet confirmed ended by the worker.
+    held: HashSet<AgentId>,
+}
+
+impl Worker {
+    fn free(&self) -> u32 {
+        self.info.capacity.saturating_sub(self.held.len() as u32)
+    }
+}
+
+/// Connected workers and the runs they hold.
+#[derive(Debug, Default)]
+pub struct WorkerPool {
+    workers: HashMap<WorkerId, Worker>,
+    /// Agent type → workers serving it, in connection order.
+    serving: HashMap<Arc<str>, Vec<WorkerId>>,
+}
+
+/// How the workers of one agent type are doing, for queue reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TypeCapacity {
+    /// Connected workers serving the type.
+    pub workers: usize,
+    /// Their capacity in total.
+    pub capacity: u32,
+    /// Runs they hold in total.
+    pub held: u32,
+}
+
+impl WorkerPool {
+    /// Adds a worker; returns its id.
+    pub fn register(
+        &mut self,
+        info: WorkerInfo,
+        commands: mpsc::UnboundedSender<WorkerCommand>,
+    ) -> WorkerId {
+        let id = Uuid::now_v7();
+        for agent in &info.agents {
+            self.serving.entry(agent.clone()).or_default().push(id);
+        }
+        self.workers.insert(
+            id,
+            Worker {
+                info,
+                commands,
+                held: HashSet::default(),
+            },
+        );
+        id
+    }
+
+    /// Removes a worker; returns what it was and the runs it held (their
+    /// capacity goes with it).
+    pub fn remove(&mut self, id: WorkerId) -> Option<(WorkerInfo, Vec<AgentId>)> {
+        let worker = self.workers.remove(&id)?;
+        for agent in &worker.info.agents {
+            if let Some(ids) = self.serving.get_mut(agent) {
+                ids.retain(|w| *w != id);
+                if ids.is_empty() {
+                    self.serving.remove(agent);
+                }
+            }
+        }
+        let mut held: Vec<AgentId> = worker.held.into_iter().collect();
+        held.sort_unstable();
+        Some((worker.info, held))
+    }
+
+    /// The worker's name, for messages.
+    pub fn name(&self, id: WorkerId) -> Option<&Arc<str>> {
+        self.workers.get(&id).map(|w| &w.info.name)
+    }
+
+    /// The agent types a worker serves.
+    pub fn agents_of(&self, id: WorkerId) -> &[Arc<str>] {
+        self.workers.get(&id).map_or(&[], |w| &w.info.agents)
+    }
+
+    /// Whether some worker serving `agent_type` has a free slot.
+    pub fn has_room(&self, agent_type: &str) -> bool {
+        self.serving
+            .get(agent_type)
+            .is_some_and(|ids| ids.iter().any(|id| self.workers[id].free() > 0))
+    }
+
+    /// Totals over the workers serving `agent_type`.
+    pub fn capacity_of(&self, agent_type: &str) -> TypeCapacity {
+        let mut total = TypeCapacity::default();
+        for id in self.serving.get(agent_type).into_iter().flatten() {
+            let w = &self.workers[id];
+            total.workers += 1;
+            total.capacity += w.info.capacity;
+            total.held += w.held.len() as u32;
+        }
+        total
+    }
+
+    /// The worker serving `agent_type` with the most free capacity (the
+    /// earliest connected among equals), if any has room.
+    pub fn pick(&self, agent_type: &str) -> Option<WorkerId> {
+        let ids = self.serving.get(agent_type)?;
+        let mut best: Option<(u32, WorkerId)> = None;
+        for id in ids {
+            let free = self.workers[id].free();
+            if free > 0 && best.is_none_or(|(f, _)| free > f) {
+                best = Some((free, *id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Takes one unit of `worker`'s capacity for `agent`'s run.
+    pub fn hold(&mut self, worker: WorkerId, agent: AgentId) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.held.insert(agent);
+        }
+    }
+
+    /// Frees `agent`'s unit of `worker`'s capacity. True only the first
+    /// time, so a release is counted once whichever path gets there first.
+    pub fn release(&mut self, worker: WorkerId, agent: AgentId) -> bool {
+        self.workers
+            .get_mut(&worker)
+            .is_some_and(|w| w.held.remove(&agent))
+    }
+
+    /// Whether `worker` still holds `agent`'s run.
+    pub fn holds(&self, worker: WorkerId, agent: AgentId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.held.contains(&agent))
+    }
+
+    /// Sends a command to a worker; false if it is gone.
+    pub fn send(&self, worker: WorkerId, command: WorkerCommand) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.commands.send(command).is_ok())
+    }
+
+    /// Connected workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// No worker is connected.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Every worker's (id, capacity, held runs), for invariant checks.
+    pub fn snapshot(&self) -> Vec<(WorkerId, u32, Vec<AgentId>)> {
+        let mut out: Vec<_> = self
+            .workers
+            .iter()
+            .map(|(id, w)| {
+                let mut held: Vec<AgentId> = w.held.iter().copied().collect();
+                held.sort_unstable();
+                (*id, w.info.capacity, held)
+            })
+            .collect();
+        out.sort_unstable_by_key(|(id, _, _)| *id);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, agents: &[&str], capacity: u32) -> WorkerInfo {
+        WorkerInfo {
+            name: name.into(),
+            agents: agents.iter().map(|a| Arc::from(*a)).collect(),
+            capacity,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    fn pool_with(workers: &[(&str, &[&str], u32)]) -> (WorkerPool, Vec<WorkerId>) {
+        let mut pool = WorkerPool::default();
+        let ids = workers
+            .iter()
+            .map(|(n, a, c)| pool.register(info(n, a, *c), mpsc::unbounded_channel().0))
+            .collect();
+        (pool, ids)
+    }
+
+    #[test]
+    fn picks_the_worker_with_the_most_free_capacity() {
+        let (mut pool, ids) = pool_with(&[("a", &["coder"], 2), ("b", &["coder"], 3)]);
+        assert_eq!(pool.pick("coder"), Some(ids[1]));
+        pool.hold(ids[1], Uuid::from_u128(1));
+        pool.hold(ids[1], Uuid::from_u128(2));
+        // a: 2 free, b: 1 free.
+        assert_eq!(pool.pick("coder"), Some(ids[0]));
+        assert_eq!(pool.pick("reviewer"), None);
+        assert!(!pool.has_room("reviewer"));
+    }
+
+    #[test]
+    fn capacity_is_respected_and_released_once() {
+        let (mut pool, ids) = pool_with(&[("a", &["coder"], 1)]);
+        let run = Uuid::from_u128(7);
+        pool.hold(ids[0], run);
+        assert!(!pool.has_room("coder"));
+        assert_eq!(pool.pick("coder"), None);
+        assert!(pool.release(ids[0], run));
+        assert!(!pool.release(ids[0], run), "a second release is a no-op");
+        assert!(pool.has_room("coder"));
+    }
+
+    #[test]
+    fn removing_a_worker_returns_its_runs_and_its_types() {
+        let (mut pool, ids) = pool_with(&[("a", &["coder", "tester"], 2), ("b", &["coder"], 1)]);
+        pool.hold(ids[0], Uuid::from_u128(2));
+        pool.hold(ids[0], Uuid::from_u128(1));
+        let (info, held) = pool.remove(ids[0]).expect("known");
+        assert_eq!(&*info.name, "a");
+        assert_eq!(held, vec![Uuid::from_u128(1), Uuid::from_u128(2)]);
+        assert!(!pool.has_room("tester"));
+        assert!(pool.has_room("coder"));
+        assert_eq!(pool.capacity_of("coder").workers, 1);
+        assert!(pool.remove(ids[0]).is_none());
+    }
+}
