@@ -813,12 +813,12 @@ impl Core {
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
-                    WorkerCommand::Assign(Assignment {
+                    WorkerCommand::Assign(Box::new(Assignment {
                         agent: rec.view.clone(),
                         prompt: prompt.clone(),
                         steer_messages: waiting_steers,
                         deadline: now + rec.timeout,
-                    }),
+                    })),
                 );
             }
             let start = RunStart {

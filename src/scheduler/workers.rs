@@ -43,7 +43,7 @@ pub struct WorkerInfo {
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerCommand {
     /// Execute a run.
-    Assign(Assignment),
+    Assign(Box<Assignment>),
     /// A steer message for a run it holds.
     Steer {
         /// The run's agent.
