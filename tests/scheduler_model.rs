@@ -31,12 +31,12 @@ use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
         core::Counters, AgentError, AgentId, AgentStatus, AgentView, ApprovalOutcome, Core, Error,
-        Event, EventKind, SpawnSpec, WatchQuery,
+        Event, EventKind, SpawnSpec, WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
     },
 };
 use tokio::sync::{
     broadcast::{self, error::TryRecvError},
-    oneshot,
+    mpsc, oneshot,
 };
 use uuid::Uuid;
 
@@ -44,6 +44,8 @@ const MODELS: [&str; 3] = ["p1/a", "p1/b", "p2/c"];
 const PROVIDERS: [&str; 2] = ["p1", "p2"];
 const LEADS: [&str; 2] = ["lead-0", "lead-1"];
 const AGENT_TYPE: &str = "simulated";
+/// An agent type run by workers; a lost worker's run is retried once.
+const WORKER_TYPE: &str = "worker";
 
 // ----- operations --------------------------------------------------------------
 
@@ -106,7 +108,18 @@ enum Op {
         lead: Option<usize>,
         background: bool,
         detached: bool,
+        /// Of the worker type rather than the simulated one.
+        worker: bool,
     },
+    /// A worker serving the worker type connects.
+    ConnectWorker(u32),
+    /// A connected worker is lost with the runs it holds.
+    LoseWorker(Index),
+    /// A worker reports one of the runs it holds ended (done or failed):
+    /// applied if the run is live, a confirmation if it was stopped here.
+    WorkerEnds(Index, bool),
+    /// The cancel grace of a stopped worker run passes.
+    GraceExpires(Index),
     /// A running agent's run reports success.
     FinishOk(Index),
     /// A running or awaiting agent's run fails (or hits its deadline).
@@ -183,14 +196,20 @@ fn op() -> impl Strategy<Value = Op> {
             prop::option::of(0..LEADS.len()),
             prop::bool::weighted(0.85),
             prop::bool::weighted(0.2),
+            prop::bool::weighted(0.35),
         )
-            .prop_map(|(model, parent, lead, background, detached)| Op::Spawn {
+            .prop_map(|(model, parent, lead, background, detached, worker)| Op::Spawn {
                 model,
                 parent,
                 lead,
                 background,
                 detached,
+                worker,
             }),
+        1 => (1..=3u32).prop_map(Op::ConnectWorker),
+        1 => any::<Index>().prop_map(Op::LoseWorker),
+        2 => (any::<Index>(), any::<bool>()).prop_map(|(i, ok)| Op::WorkerEnds(i, ok)),
+        1 => any::<Index>().prop_map(Op::GraceExpires),
         3 => any::<Index>().prop_map(Op::FinishOk),
         1 => any::<Index>().prop_map(Op::FinishFail),
         2 => any::<Index>().prop_map(Op::Cancel),
@@ -231,8 +250,13 @@ struct Meta {
     seq: u64,
     /// None until its first event.
     status: Option<AgentStatus>,
-    /// Whether a run was ever started (the core hands out a run once).
+    /// Whether the current run was started (the core hands out a run once
+    /// per attempt).
     started: bool,
+    /// Of the worker type.
+    worker_type: bool,
+    /// The worker holding its run, from its latest event.
+    worker_id: Option<WorkerId>,
 }
 
 impl Meta {
@@ -255,6 +279,8 @@ impl Meta {
             seq,
             status: None,
             started: false,
+            worker_type: &*v.agent == WORKER_TYPE,
+            worker_id: v.worker_id,
         }
     }
 
@@ -298,6 +324,9 @@ struct Harness {
     first_starts: Vec<AgentId>,
     /// Approvals requested and not yet delivered to their run.
     approvals: HashMap<AgentId, PendingApproval>,
+    /// Connected workers, in connection order, with their capacity and
+    /// the command channel the core writes to.
+    workers: Vec<(WorkerId, u32, mpsc::UnboundedReceiver<WorkerCommand>)>,
     /// The step being checked, for failure messages.
     ctx: String,
 }
@@ -306,20 +335,30 @@ struct Harness {
 #[derive(Debug)]
 struct PendingApproval {
     id: Uuid,
-    /// Where the run receives the decision.
-    decision: oneshot::Receiver<ApprovalOutcome>,
+    /// Where the run receives the decision (an in-process run; a worker
+    /// gets it as a command, checked with the other commands).
+    decision: Option<oneshot::Receiver<ApprovalOutcome>>,
     /// The decision made through the core, not yet seen by the run.
     decided: Option<ApprovalOutcome>,
 }
 
 fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
-    BTreeMap::from([(
-        AGENT_TYPE.to_owned(),
-        AgentTypeConfig {
-            runner: RunnerKind::Simulated,
-            retry_on_worker_lost: 0,
-        },
-    )])
+    BTreeMap::from([
+        (
+            AGENT_TYPE.to_owned(),
+            AgentTypeConfig {
+                runner: RunnerKind::Simulated,
+                retry_on_worker_lost: 0,
+            },
+        ),
+        (
+            WORKER_TYPE.to_owned(),
+            AgentTypeConfig {
+                runner: RunnerKind::Worker,
+                retry_on_worker_lost: 1,
+            },
+        ),
+    ])
 }
 
 fn error_name(e: &Error) -> &'static str {
@@ -354,6 +393,7 @@ impl Harness {
             last_sequence: 0,
             first_starts: Vec::new(),
             approvals: HashMap::new(),
+            workers: Vec::new(),
             ctx: String::new(),
         }
     }
@@ -398,8 +438,20 @@ impl Harness {
             || r.parents.get(&m.parent).copied().unwrap_or(0) < limit
     }
 
+    /// Whether the queued agent `m` could start now: its bucket and parent
+    /// have room (background), and a worker has a free slot (worker type).
     fn eligible(&self, m: &Meta, r: &Running) -> bool {
-        self.bucket_has_room(m, r) && self.parent_has_room(m, r)
+        let limits = !m.background || (self.bucket_has_room(m, r) && self.parent_has_room(m, r));
+        limits && (!m.worker_type || self.worker_has_room())
+    }
+
+    /// Some connected worker has a free slot (every worker serves the
+    /// worker type).
+    fn worker_has_room(&self) -> bool {
+        self.core
+            .worker_snapshot()
+            .iter()
+            .any(|(_, capacity, held)| (held.len() as u32) < *capacity)
     }
 
     fn live_ids(&self) -> Vec<AgentId> {
@@ -475,9 +527,13 @@ impl Harness {
         let meta = self.agents[&id].clone();
         let (to, from): (AgentStatus, &[Option<AgentStatus>]) = match ev.kind {
             EventKind::Queued => (Queued, &[None, Some(AwaitingApproval)]),
+            EventKind::Retrying => (
+                Queued,
+                &[Some(Queued), Some(Running), Some(AwaitingApproval)],
+            ),
             EventKind::Started => (Running, &[None, Some(Queued), Some(AwaitingApproval)]),
             EventKind::AwaitingApproval => (AwaitingApproval, &[Some(Running)]),
-            EventKind::Done => (Done, &[Some(Running), Some(AwaitingApproval)]),
+            EventKind::Done => (Done, &[Some(Queued), Some(Running), Some(AwaitingApproval)]),
             EventKind::Failed => (
                 Failed,
                 &[Some(Queued), Some(Running), Some(AwaitingApproval)],
@@ -504,10 +560,23 @@ impl Harness {
         }
         if to == Queued {
             assert!(
-                meta.background,
-                "{ctx}: foreground agent #{} queued",
+                meta.background || meta.worker_type,
+                "{ctx}: foreground agent #{} queued without waiting for a worker",
                 meta.seq
             );
+            // Only an approved run waiting for its slots keeps its worker
+            // (the worker still holds the run).
+            if meta.status != Some(AwaitingApproval) || ev.kind == EventKind::Retrying {
+                assert_eq!(
+                    ev.agent.worker_id, None,
+                    "{ctx}: queued agent #{} holds a worker",
+                    meta.seq
+                );
+            }
+        }
+        // Worker capacity at the moment of the event is not observable
+        // here; for worker types the step-end checks decide eligibility.
+        if to == Queued && !meta.worker_type {
             let r = self.running();
             assert!(
                 !self.eligible(&meta, &r),
@@ -518,12 +587,26 @@ impl Harness {
                 meta.parent
             );
         }
+        if to == Running && meta.worker_type {
+            assert!(
+                ev.agent.worker_id.is_some(),
+                "{ctx}: worker-type agent #{} runs without a worker",
+                meta.seq
+            );
+        }
+        if ev.kind == EventKind::Retrying {
+            // A new attempt: a new run, and the old run's approval is gone.
+            self.agents.get_mut(&id).expect("known agent").started = false;
+            self.approvals.remove(&id);
+        }
+        let meta = self.agents[&id].clone();
         if to == Running && !meta.started {
             self.first_starts.push(id);
         }
         let m = self.agents.get_mut(&id).expect("known agent");
         m.status = Some(to);
         m.started |= to == Running;
+        m.worker_id = ev.agent.worker_id;
     }
 
     /// A background agent is about to count as running: its bucket and its
@@ -550,7 +633,9 @@ impl Harness {
             );
         }
         for m in self.agents.values() {
-            if m.is(AgentStatus::Queued) && m.background && m.seq < x.seq {
+            // Worker capacity at event time is not observable (see
+            // `apply_event`); queued worker-type agents are judged at step end.
+            if m.is(AgentStatus::Queued) && m.background && !m.worker_type && m.seq < x.seq {
                 assert!(
                     !self.eligible(m, &r),
                     "{ctx}: agent #{} started while earlier agent #{} (bucket {:?}, parent {:?}) \
@@ -593,13 +678,19 @@ impl Harness {
                 lead,
                 background,
                 detached,
+                worker,
             } => self.spawn(
                 MODELS[*model],
                 parent,
                 lead.map(|l| LEADS[l]),
                 *background,
                 *detached,
+                *worker,
             ),
+            Op::ConnectWorker(capacity) => self.connect_worker(*capacity),
+            Op::LoseWorker(i) => self.lose_worker(i),
+            Op::WorkerEnds(i, ok) => self.worker_ends(i, *ok),
+            Op::GraceExpires(i) => self.grace_expires(i),
             Op::FinishOk(i) => self.finish(i, true),
             Op::FinishFail(i) => self.finish(i, false),
             Op::Cancel(i) => self.cancel(i),
@@ -614,6 +705,8 @@ impl Harness {
         }
         self.check_invariants(&running_before);
         self.check_approvals();
+        self.check_worker_commands();
+        self.check_workers();
     }
 
     fn spawn(
@@ -623,6 +716,7 @@ impl Harness {
         lead: Option<&str>,
         background: bool,
         detached: bool,
+        worker: bool,
     ) {
         let parent_id = match parent {
             ParentPick::None => None,
@@ -634,7 +728,7 @@ impl Harness {
         };
         let expected_errors = self.predict_spawn_errors(parent_id, background);
         let spec = SpawnSpec {
-            agent: AGENT_TYPE.to_owned(),
+            agent: if worker { WORKER_TYPE } else { AGENT_TYPE }.to_owned(),
             model: model.to_owned(),
             prompt: "work".to_owned(),
             parent_id,
@@ -881,9 +975,28 @@ impl Harness {
             return;
         }
         let id = *i.get(&running);
-        let approval = self.core.request_approval(id, "shell", "rm -rf /tmp/x");
         let ctx = &self.ctx;
-        let (approval, decision) = approval.unwrap_or_else(|| panic!("{ctx}: approval refused"));
+        let (approval, decision) = match self.agents[&id].worker_id {
+            // A worker asks through its session.
+            Some(worker) => {
+                let event = WorkerEvent::ApprovalRequest {
+                    tool_name: "shell".into(),
+                    detail: "rm -rf /tmp/x".into(),
+                };
+                assert!(
+                    self.core.worker_report(worker, id, event),
+                    "{ctx}: a worker's approval request was refused"
+                );
+                let view = self.core.view(id).expect("known agent");
+                (view.approval.expect("approval pending"), None)
+            }
+            None => {
+                let approval = self.core.request_approval(id, "shell", "rm -rf /tmp/x");
+                let (approval, decision) =
+                    approval.unwrap_or_else(|| panic!("{ctx}: approval refused"));
+                (approval, Some(decision))
+            }
+        };
         assert_eq!(&*approval.tool_name, "shell");
         assert_eq!(&*approval.detail, "rm -rf /tmp/x");
         self.approvals.insert(
@@ -958,7 +1071,15 @@ impl Harness {
         let mut delivered = Vec::new();
         for (id, pending) in &mut self.approvals {
             let status = self.agents[id].status.expect("agent has a status");
-            match (status, pending.decision.try_recv()) {
+            let Some(decision) = pending.decision.as_mut() else {
+                // A worker's run: the decision is a command (see
+                // `check_worker_commands`).
+                if status != AgentStatus::AwaitingApproval && status != AgentStatus::Queued {
+                    delivered.push(*id);
+                }
+                continue;
+            };
+            match (status, decision.try_recv()) {
                 (AgentStatus::Running, Ok(got)) => {
                     assert_eq!(
                         Some(&got),
@@ -984,6 +1105,223 @@ impl Harness {
         }
         for id in delivered {
             self.approvals.remove(&id);
+        }
+    }
+
+    // ----- workers ---------------------------------------------------------------
+
+    fn connect_worker(&mut self, capacity: u32) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let info = WorkerInfo {
+            name: format!("w{}", self.workers.len()).into(),
+            agents: vec![WORKER_TYPE.into()],
+            capacity,
+            labels: BTreeMap::new(),
+        };
+        let id = self.core.register_worker(info, tx);
+        self.workers.push((id, capacity, rx));
+        self.drain_events();
+    }
+
+    fn lose_worker(&mut self, i: &Index) {
+        if self.workers.is_empty() {
+            return;
+        }
+        let (worker, _, _) = self.workers.remove(i.index(self.workers.len()));
+        let holding: Vec<AgentId> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|id| {
+                let m = &self.agents[id];
+                m.is_live() && m.worker_id == Some(worker)
+            })
+            .collect();
+        let attempts: HashMap<AgentId, u32> = holding
+            .iter()
+            .map(|id| (*id, self.core.view(*id).expect("known agent").attempt))
+            .collect();
+        self.core.worker_lost(worker);
+        let events = self.drain_events();
+        let ctx = &self.ctx;
+        for id in holding {
+            let m = &self.agents[&id];
+            let retried = events.contains(&(id, EventKind::Retrying));
+            let failed = events.contains(&(id, EventKind::Failed));
+            // Or cancelled by the cascade of an ancestor that failed first.
+            let cancelled = events.contains(&(id, EventKind::Cancelled));
+            assert_eq!(
+                [retried, failed, cancelled].iter().filter(|x| **x).count(),
+                1,
+                "{ctx}: agent #{} of a lost worker: retried {retried}, failed {failed}, \
+                 cancelled {cancelled}; events {events:?}",
+                m.seq
+            );
+            // The worker type retries once: a first attempt is retried, a
+            // second fails.
+            assert!(
+                cancelled || retried == (attempts[&id] <= 1),
+                "{ctx}: agent #{} on attempt {} retried: {retried}",
+                m.seq,
+                attempts[&id]
+            );
+            if failed {
+                let view = self.core.view(id).expect("known agent");
+                let code = view.error.map(|e| e.code.to_string());
+                assert_eq!(code.as_deref(), Some("WORKER_LOST"), "{ctx}: error code");
+            }
+            assert_ne!(m.worker_id, Some(worker), "{ctx}: still on the lost worker");
+        }
+    }
+
+    /// Runs a worker holds: (worker, agent), in a stable order.
+    fn held_runs(&self) -> Vec<(WorkerId, AgentId)> {
+        self.core
+            .worker_snapshot()
+            .into_iter()
+            .flat_map(|(w, _, held)| held.into_iter().map(move |a| (w, a)))
+            .collect()
+    }
+
+    fn worker_ends(&mut self, i: &Index, ok: bool) {
+        let held = self.held_runs();
+        if held.is_empty() {
+            return;
+        }
+        let (worker, id) = held[i.index(held.len())];
+        let live = self.agents[&id].is_live();
+        let event = if ok {
+            WorkerEvent::Done("from worker".into())
+        } else {
+            WorkerEvent::Failed(AgentError::new("TOOL_ERROR", "boom"))
+        };
+        let applied = self.core.worker_report(worker, id, event);
+        let ctx = &self.ctx;
+        assert_eq!(
+            applied, live,
+            "{ctx}: a worker's final report applied iff the run is live"
+        );
+        assert!(
+            !self.held_runs().contains(&(worker, id)),
+            "{ctx}: a final report did not free the worker's slot"
+        );
+        let events = self.drain_events();
+        let ctx = &self.ctx;
+        if live {
+            let ended = if ok {
+                EventKind::Done
+            } else {
+                EventKind::Failed
+            };
+            assert!(events.contains(&(id, ended)), "{ctx}: no {ended:?} event");
+        } else {
+            assert!(
+                !events.iter().any(|(a, _)| *a == id),
+                "{ctx}: a confirmation changed a stopped agent"
+            );
+        }
+    }
+
+    fn grace_expires(&mut self, i: &Index) {
+        let stopped: Vec<(WorkerId, AgentId)> = self
+            .held_runs()
+            .into_iter()
+            .filter(|(_, a)| !self.agents[a].is_live())
+            .collect();
+        if stopped.is_empty() {
+            return;
+        }
+        let (worker, id) = stopped[i.index(stopped.len())];
+        assert!(
+            self.core.release_worker_slot(worker, id),
+            "{}: grace release refused",
+            self.ctx
+        );
+        assert!(
+            !self.core.release_worker_slot(worker, id),
+            "{}: a slot was released twice",
+            self.ctx
+        );
+        self.drain_events();
+    }
+
+    /// What the core told each worker this step fits the agents' states:
+    /// assignments go to the worker now holding the run, cancels name runs
+    /// that ended, decisions reach runs that run again.
+    fn check_worker_commands(&mut self) {
+        let ctx = &self.ctx;
+        for (worker, _, rx) in &mut self.workers {
+            while let Ok(command) = rx.try_recv() {
+                match command {
+                    WorkerCommand::Assign(a) => {
+                        let m = &self.agents[&a.agent.id];
+                        assert!(m.worker_type, "{ctx}: a simulated agent was assigned");
+                        assert_eq!(
+                            a.agent.worker_id,
+                            Some(*worker),
+                            "{ctx}: assigned elsewhere"
+                        );
+                    }
+                    WorkerCommand::Cancel { agent_id, .. } => {
+                        assert!(
+                            !self.agents[&agent_id].is_live(),
+                            "{ctx}: cancel sent for a live agent"
+                        );
+                    }
+                    WorkerCommand::Approval { agent_id, .. } => {
+                        let m = &self.agents[&agent_id];
+                        assert!(
+                            m.worker_id == Some(*worker) || !m.is_live(),
+                            "{ctx}: a decision went to another worker"
+                        );
+                    }
+                    WorkerCommand::Steer { .. } => {}
+                }
+            }
+        }
+    }
+
+    /// Capacity is never exceeded and every slot is accounted for: a held
+    /// run is a live agent on that worker or a stopped one awaiting its
+    /// confirmation, and every live agent on a worker is held by it.
+    fn check_workers(&self) {
+        let ctx = &self.ctx;
+        let snapshot = self.core.worker_snapshot();
+        assert_eq!(
+            snapshot.len(),
+            self.workers.len(),
+            "{ctx}: connected workers"
+        );
+        for (worker, capacity, held) in &snapshot {
+            assert!(
+                held.len() as u32 <= *capacity,
+                "{ctx}: worker holds {} runs, capacity {capacity}",
+                held.len()
+            );
+            for id in held {
+                let m = &self.agents[id];
+                assert!(
+                    !m.is_live() || m.worker_id == Some(*worker),
+                    "{ctx}: worker holds agent #{} which is on {:?}",
+                    m.seq,
+                    m.worker_id
+                );
+            }
+        }
+        for (id, m) in &self.agents {
+            let on_worker = m.is(AgentStatus::Running) || m.is(AgentStatus::AwaitingApproval);
+            if m.worker_type && on_worker {
+                let worker = m.worker_id.unwrap_or_else(|| {
+                    panic!("{ctx}: running worker agent #{} has no worker", m.seq)
+                });
+                assert!(
+                    snapshot
+                        .iter()
+                        .any(|(w, _, held)| *w == worker && held.contains(id)),
+                    "{ctx}: agent #{} runs on a worker that does not hold it",
+                    m.seq
+                );
+            }
         }
     }
 
@@ -1048,7 +1386,10 @@ impl Harness {
         let r = self.running();
         for m in self.agents.values() {
             if m.is(AgentStatus::Queued) {
-                assert!(m.background, "{ctx}: a foreground agent is queued");
+                assert!(
+                    m.background || m.worker_type,
+                    "{ctx}: a foreground agent is queued without waiting for a worker"
+                );
                 assert!(
                     !self.eligible(m, &r),
                     "{ctx}: agent #{} stays queued although bucket {:?} and parent {:?} have room",

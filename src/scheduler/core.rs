@@ -679,8 +679,9 @@ impl Core {
             }
             // Ended here (cancel, deadline, parent ended) while a worker
             // still holds the run: tell it to stop; its capacity stays taken
-            // until it confirms or the grace passes.
-            if let Some(worker) = rec.view.worker_id {
+            // until it confirms or the grace passes. The agent itself no
+            // longer has a worker.
+            if let Some(worker) = rec.view.worker_id.take() {
                 if self.workers.holds(worker, id) {
                     let reason = rec
                         .view
@@ -1130,17 +1131,28 @@ impl Core {
             // Ends this attempt's run task without a report.
             run.cancel.cancel();
         }
-        rec.view.worker_id = None;
-        rec.view.approval = None;
-        if self
-            .transition_as(id, AgentStatus::Queued, EventKind::Retrying, dirty)
-            .is_err()
-        {
-            return;
+        let agent_type = rec.view.agent.clone();
+        if rec.view.status == AgentStatus::Queued {
+            // Approved and waiting for a slot: it stays queued, now also
+            // for a worker (its queue key changes with that).
+            self.queue.remove(rec.seq, &rec.sub_key());
+            rec.view.worker_id = None;
+            self.queue.push(rec.seq, id, rec.sub_key());
+            self.publish(id, EventKind::Retrying);
+        } else {
+            rec.view.worker_id = None;
+            rec.view.approval = None;
+            if self
+                .transition_as(id, AgentStatus::Queued, EventKind::Retrying, dirty)
+                .is_err()
+            {
+                return;
+            }
         }
-        if !self.closed && self.can_start(&self.agents[&id]) {
-            self.start(id, dirty);
-        }
+        // Not started here even if a worker has room: the drain starts the
+        // earliest eligible agent, which may be an older one that waits for
+        // the bucket slot this run just gave back.
+        dirty.worker_type(&agent_type);
     }
 
     /// The cancel grace of a stopped worker run passed: its capacity frees
@@ -1645,11 +1657,7 @@ impl Core {
     pub fn startable_queued(&self) -> Vec<AgentId> {
         self.agents
             .values()
-            .filter(|r| {
-                r.view.status == AgentStatus::Queued
-                    && self.bucket_has_room(&r.view.bucket)
-                    && self.parent_has_room(&r.parent_key)
-            })
+            .filter(|r| r.view.status == AgentStatus::Queued && self.can_start(r))
             .map(|r| r.view.id)
             .collect()
     }

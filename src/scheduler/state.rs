@@ -61,7 +61,9 @@ pub struct InvalidMove {
 pub fn check_move(from: AgentStatus, to: AgentStatus) -> Result<(), InvalidMove> {
     use AgentStatus::*;
     let ok = match from {
-        Queued => matches!(to, Running | Failed | Cancelled),
+        // QUEUED → DONE: a worker's run that ends on its own while its
+        // approved agent waits for a slot (the worker still held the run).
+        Queued => matches!(to, Running | Done | Failed | Cancelled),
         // RUNNING → QUEUED: a retry after the run's worker was lost.
         Running => matches!(to, Queued | AwaitingApproval | Done | Failed | Cancelled),
         AwaitingApproval => matches!(to, Queued | Running | Done | Failed | Cancelled),
