@@ -1,0 +1,81 @@
+"""A worker whose runs follow a small script in the prompt, one directive
+per line (like the server's `simulated` runner), for demos and end-to-end
+tests:
+
+    output <text>     append a line to the result (streamed as output)
+    tool <name>       report a tool call
+    usage <in> <out>  report token usage
+    approve <tool>    ask for approval; appends "approved: <tool>" or
+                      "denied: <tool>[: <note>]"
+    wait_steer        wait for a steer message; appends "steer: <message>"
+    hang              wait until the server stops the run
+    fail <message>    fail the run with code RUN_FAILED
+    anything else     appended as is
+
+Usage: python scripted_worker.py --addr 127.0.0.1:50051 --agents coder --capacity 2
+Prints "ready <worker_id>" once connected.
+"""
+
+import argparse
+import logging
+import sys
+
+from subagentd.worker import Run, RunFailed, Worker
+
+
+def handle(run: Run) -> str:
+    lines = []
+
+    def emit(text: str) -> None:
+        run.output(text if not lines else "\n" + text)
+        lines.append(text)
+
+    for line in run.prompt.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        if word == "output":
+            emit(rest)
+        elif word == "tool" and rest:
+            run.tool_call(rest)
+        elif word == "usage" and len(rest.split()) == 2:
+            i, o = (int(x) for x in rest.split())
+            run.usage(input_tokens=i, output_tokens=o)
+        elif word == "approve" and rest:
+            outcome = run.request_approval(rest)
+            if outcome.approved:
+                emit(f"approved: {rest}")
+            else:
+                emit(f"denied: {rest}" + (f": {outcome.note}" if outcome.note else ""))
+        elif word == "wait_steer":
+            emit(f"steer: {run.next_steer()}")
+        elif word == "hang":
+            run.wait_cancelled()
+        elif word == "fail":
+            raise RunFailed("RUN_FAILED", rest)
+        else:
+            emit(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--addr", default="127.0.0.1:50051")
+    p.add_argument("--agents", default="coder", help="comma-separated agent types")
+    p.add_argument("--capacity", type=int, default=1)
+    p.add_argument("--name", default="scripted-worker")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    worker = Worker(args.addr, agents=args.agents.split(","), capacity=args.capacity, name=args.name, handler=handle)
+
+    import threading
+
+    def announce() -> None:
+        worker.ready.wait()
+        print(f"ready {worker.worker_id}", flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    worker.run()
+
+
+if __name__ == "__main__":
+    main()

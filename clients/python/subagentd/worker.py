@@ -1,0 +1,303 @@
+"""A subagentd worker: serve runs of some agent types from Python.
+
+    from subagentd.worker import Worker, Run, RunFailed
+
+    def handle(run: Run) -> str:
+        run.output("looking at the repo\\n")
+        run.tool_call("grep", input_digest="sha256:...")
+        run.usage(input_tokens=1200, output_tokens=300)
+        if not run.request_approval("shell", detail="make test").approved:
+            raise RunFailed("DENIED", "not allowed to run tests")
+        return "all tests pass"
+
+    Worker("127.0.0.1:50051", agents=["coder"], capacity=4, handler=handle).run()
+
+Each assignment runs `handler(run)` on its own thread (at most `capacity` at
+once, which is what the server assigns). The handler's return value is the
+run's result; raising `RunFailed` (or any exception) fails the run. Blocking
+calls on `Run` (`request_approval`, `next_steer`) raise `Cancelled` once the
+server stops the run; long loops should check `run.cancelled`. Whatever the
+handler does after a cancel, the library tells the server the run ended so the
+worker's slot frees at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional
+
+import grpc
+
+from subagents.v1 import subagents_pb2, workers_pb2, workers_pb2_grpc
+
+log = logging.getLogger("subagentd.worker")
+
+__all__ = ["ApprovalOutcome", "Cancelled", "Run", "RunFailed", "Worker"]
+
+
+class Cancelled(Exception):
+    """The server stopped the run (cancel, deadline, parent ended)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RunFailed(Exception):
+    """Raise from a handler to fail the run with a code and message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ApprovalOutcome:
+    """The decision on an approval request."""
+
+    approved: bool
+    note: str
+    approval_id: str
+
+
+class Run:
+    """One run the server assigned to this worker."""
+
+    def __init__(self, assignment: workers_pb2.RunAssignment, send: Callable[[workers_pb2.RunEvent], None]):
+        self.assignment = assignment
+        #: The agent as the server showed it at assignment.
+        self.agent: subagents_pb2.Agent = assignment.agent
+        #: The agent id.
+        self.id: str = assignment.agent.id
+        #: The prompt.
+        self.prompt: str = assignment.prompt
+        self._send = send
+        self._steers: "queue.Queue[str]" = queue.Queue()
+        for message in assignment.steer_messages:
+            self._steers.put(message)
+        self._approvals: "queue.Queue[ApprovalOutcome]" = queue.Queue()
+        self._cancelled = threading.Event()
+        self._cancel_reason = ""
+        self._finished = False
+        self._lock = threading.Lock()
+
+    # ----- reporting -------------------------------------------------------------
+
+    def output(self, chunk: str) -> None:
+        """Streams a chunk of output; chunks concatenate to the result so far."""
+        self._event(output=chunk)
+
+    def tool_call(self, name: str, input_digest: str = "") -> None:
+        """Reports a tool call (counted in the agent's usage)."""
+        self._event(tool_call=subagents_pb2.ToolCall(name=name, input_digest=input_digest))
+
+    def usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Adds token usage to the agent."""
+        self._event(usage=workers_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens))
+
+    def request_approval(self, tool_name: str, detail: str = "", timeout: Optional[float] = None) -> ApprovalOutcome:
+        """Pauses the run until someone approves or denies `tool_name`.
+
+        The agent shows AWAITING_APPROVAL; after Approve it may wait for a slot
+        before the decision arrives here. Raises `Cancelled` if the run is
+        stopped meanwhile, `TimeoutError` after `timeout` seconds.
+        """
+        self._event(approval_request=workers_pb2.ApprovalRequest(tool_name=tool_name, detail=detail))
+        return self._wait(self._approvals, timeout)
+
+    # ----- steering and cancellation --------------------------------------------------
+
+    def next_steer(self, timeout: Optional[float] = None) -> str:
+        """The next steer message (buffered ones first); blocks until one
+        arrives. Raises `Cancelled` if the run is stopped, `TimeoutError`
+        after `timeout` seconds."""
+        return self._wait(self._steers, timeout)
+
+    def pending_steers(self) -> List[str]:
+        """Steer messages that arrived and were not read yet."""
+        out = []
+        while True:
+            try:
+                out.append(self._steers.get_nowait())
+            except queue.Empty:
+                return out
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the server stopped this run."""
+        return self._cancelled.is_set()
+
+    @property
+    def cancel_reason(self) -> str:
+        """Why the server stopped this run (empty if it did not)."""
+        return self._cancel_reason
+
+    def wait_cancelled(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the run is stopped or `timeout` passes; True if stopped."""
+        return self._cancelled.wait(timeout)
+
+    # ----- internals ----------------------------------------------------------
+
+    def _wait(self, q: "queue.Queue", timeout: Optional[float]):
+        deadline = None if timeout is None else _now() + timeout
+        while True:
+            if self._cancelled.is_set():
+                raise Cancelled(self._cancel_reason)
+            try:
+                # Short waits so a cancel is noticed promptly.
+                remaining = 0.1 if deadline is None else min(0.1, deadline - _now())
+                if remaining <= 0:
+                    raise TimeoutError("no message before the timeout")
+                return q.get(timeout=remaining)
+            except queue.Empty:
+                continue
+
+    def _event(self, **fields) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            if "done" in fields or "failed" in fields:
+                self._finished = True
+        self._send(workers_pb2.RunEvent(agent_id=self.id, **fields))
+
+    def _cancel(self, reason: str) -> None:
+        self._cancel_reason = reason
+        self._cancelled.set()
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+class Worker:
+    """A worker session: connects, declares its agent types and capacity,
+    and runs `handler(run)` for each assignment until `stop()` or the stream
+    ends."""
+
+    def __init__(
+        self,
+        target: str,
+        agents: List[str],
+        handler: Callable[[Run], str],
+        capacity: int = 1,
+        name: str = "",
+        labels: Optional[Dict[str, str]] = None,
+        channel: Optional[grpc.Channel] = None,
+    ):
+        self.target = target
+        self.agents = list(agents)
+        self.handler = handler
+        self.capacity = capacity
+        self.name = name
+        self.labels = dict(labels or {})
+        self._channel = channel
+        self._outgoing: "queue.Queue[Optional[workers_pb2.ConnectRequest]]" = queue.Queue()
+        self._runs: Dict[str, Run] = {}
+        self._runs_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, capacity), thread_name_prefix="subagentd-run")
+        self._call = None
+        #: Set once the server answered the hello.
+        self.ready = threading.Event()
+        #: The server's id for this session (after `ready`).
+        self.worker_id = ""
+
+    def run(self) -> None:
+        """Serves runs until `stop()` or the server ends the session. Raises
+        `grpc.RpcError` if the server refuses the hello (INVALID_ARGUMENT) or
+        the connection fails."""
+        channel = self._channel or grpc.insecure_channel(self.target)
+        stub = workers_pb2_grpc.WorkerServiceStub(channel)
+        self._outgoing.put(
+            workers_pb2.ConnectRequest(
+                hello=workers_pb2.WorkerHello(
+                    name=self.name, agents=self.agents, capacity=self.capacity, labels=self.labels
+                )
+            )
+        )
+        self._call = stub.Connect(self._requests())
+        try:
+            for response in self._call:
+                self._dispatch(response)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise
+        finally:
+            self._outgoing.put(None)
+            with self._runs_lock:
+                runs = list(self._runs.values())
+            for r in runs:
+                r._cancel("worker session ended")
+            self._pool.shutdown(wait=False)
+            if self._channel is None:
+                channel.close()
+
+    def stop(self) -> None:
+        """Ends the session; the server treats the worker as gone."""
+        self._outgoing.put(None)
+        if self._call is not None:
+            self._call.cancel()
+
+    def _requests(self) -> Iterator[workers_pb2.ConnectRequest]:
+        while True:
+            item = self._outgoing.get()
+            if item is None:
+                return
+            yield item
+
+    def _send(self, event: workers_pb2.RunEvent) -> None:
+        self._outgoing.put(workers_pb2.ConnectRequest(event=event))
+
+    def _dispatch(self, response: workers_pb2.ConnectResponse) -> None:
+        kind = response.WhichOneof("message")
+        if kind == "welcome":
+            self.worker_id = response.welcome.worker_id
+            self.ready.set()
+            log.info("connected as %s", self.worker_id)
+        elif kind == "assign":
+            run = Run(response.assign, self._send)
+            with self._runs_lock:
+                self._runs[run.id] = run
+            self._pool.submit(self._execute, run)
+        elif kind == "steer":
+            run = self._run(response.steer.agent_id)
+            if run is not None:
+                run._steers.put(response.steer.message)
+        elif kind == "cancel":
+            run = self._run(response.cancel.agent_id)
+            if run is not None:
+                run._cancel(response.cancel.reason)
+        elif kind == "approval":
+            a = response.approval
+            run = self._run(a.agent_id)
+            if run is not None:
+                run._approvals.put(ApprovalOutcome(approved=a.approved, note=a.note, approval_id=a.approval_id))
+
+    def _run(self, agent_id: str) -> Optional[Run]:
+        with self._runs_lock:
+            return self._runs.get(agent_id)
+
+    def _execute(self, run: Run) -> None:
+        try:
+            result = self.handler(run)
+            if run.cancelled:
+                # Confirms the stop so the server frees the slot at once.
+                run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=run.cancel_reason))
+            else:
+                run._event(done=workers_pb2.RunDone(result=result if isinstance(result, str) else str(result)))
+        except Cancelled as e:
+            run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=e.reason))
+        except RunFailed as e:
+            run._event(failed=workers_pb2.RunFailed(code=e.code, message=e.message))
+        except Exception as e:  # the handler's bug is the run's failure
+            log.exception("run %s failed", run.id)
+            run._event(failed=workers_pb2.RunFailed(code="WORKER_EXCEPTION", message=f"{type(e).__name__}: {e}"))
+        finally:
+            with self._runs_lock:
+                self._runs.pop(run.id, None)

@@ -1,0 +1,226 @@
+"""End to end: the real subagentd binary and the example workers as separate
+processes, talking gRPC over loopback.
+
+Run from the repository root after `cargo build --bins` and
+`pip install ./clients/python`:
+
+    SUBAGENTD_BIN=target/debug/subagentd python -m unittest discover -s clients/python/tests -v
+"""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+from pathlib import Path
+
+import grpc
+from google.protobuf import duration_pb2
+
+from subagents.v1 import subagents_pb2 as pb
+from subagents.v1 import subagents_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+BIN = os.environ.get("SUBAGENTD_BIN", str(ROOT / "target" / "debug" / "subagentd"))
+# Guards against hangs only; nothing waits for a time to pass.
+TIMEOUT = 30
+
+CONFIG = """
+[limits]
+max_background_agents = {max_background}
+default_concurrency = 0
+max_concurrent_per_parent = 0
+
+[agents.coder]
+runner = "worker"
+
+[agents.planner]
+runner = "worker"
+
+[agents.simulated]
+runner = "simulated"
+"""
+
+
+def _lines(stream, into: "queue.Queue[str]") -> None:
+    for line in iter(stream.readline, ""):
+        into.put(line)
+    into.put("")
+
+
+def _wait_for(lines: "queue.Queue[str]", marker: str, what: str) -> str:
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=TIMEOUT)
+        except queue.Empty:
+            raise AssertionError(f"{what}: no {marker!r} within {TIMEOUT} s; saw {seen}")
+        if line == "":
+            raise AssertionError(f"{what} exited before {marker!r}; saw {seen}")
+        seen.append(line.rstrip())
+        if marker in line:
+            return line
+
+
+class Server:
+    """subagentd serving a config on a free loopback port."""
+
+    def __init__(self, max_background: int = 20):
+        self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+        self.config.write(CONFIG.format(max_background=max_background))
+        self.config.close()
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "--config", self.config.name, "--listen", "127.0.0.1:0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        lines: "queue.Queue[str]" = queue.Queue()
+        self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)
+        self.reader.start()
+        line = _wait_for(lines, "subagentd listening", "subagentd")
+        self.addr = line.split("addr=")[1].split()[0]
+        self.channel = grpc.insecure_channel(self.addr)
+        self.agents = subagents_pb2_grpc.AgentServiceStub(self.channel)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=TIMEOUT)
+        self.reader.join(timeout=TIMEOUT)
+        self.proc.stderr.close()
+        os.unlink(self.config.name)
+
+    def spawn(self, agent: str, prompt: str) -> pb.Agent:
+        return self.agents.Spawn(
+            pb.SpawnRequest(agent=agent, model="acme/small", prompt=prompt, background=True), timeout=TIMEOUT
+        ).agent
+
+    def await_one(self, agent_id: str) -> pb.Agent:
+        response = self.agents.Await(
+            pb.AwaitRequest(ids=[agent_id], timeout=duration_pb2.Duration(seconds=TIMEOUT)), timeout=TIMEOUT + 5
+        )
+        assert not response.timed_out, f"agent {agent_id} did not settle"
+        return response.agents[0]
+
+
+class WorkerProcess:
+    """One of the example workers, as its own process."""
+
+    def __init__(self, server: Server, example: str = "scripted_worker.py", *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLES / example), "--addr", server.addr, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        lines: "queue.Queue[str]" = queue.Queue()
+        self.reader = threading.Thread(target=_lines, args=(self.proc.stdout, lines), daemon=True)
+        self.reader.start()
+        self.worker_id = _wait_for(lines, "ready ", example).split()[1]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=TIMEOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=TIMEOUT)
+        self.reader.join(timeout=TIMEOUT)
+        self.proc.stdout.close()
+
+
+class WorkerEndToEnd(unittest.TestCase):
+    def start(self, max_background: int = 20) -> Server:
+        server = Server(max_background)
+        self.addCleanup(server.stop)
+        return server
+
+    def worker(self, server: Server, *args: str) -> WorkerProcess:
+        w = WorkerProcess(server, *args)
+        self.addCleanup(w.stop)
+        return w
+
+    def test_a_run_completes_with_the_workers_result(self):
+        s = self.start()
+        w = self.worker(s)
+        a = s.spawn("coder", "output hello\ntool grep\nusage 3 4\noutput world")
+        self.assertEqual(a.status, pb.AGENT_STATUS_RUNNING)
+        self.assertEqual(a.worker_id, w.worker_id)
+        done = s.await_one(a.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(done.result, "hello\nworld")
+        self.assertEqual((done.usage.input_tokens, done.usage.output_tokens, done.usage.tool_calls), (3, 4, 1))
+        self.assertEqual(done.worker_id, "", "a finished agent has no worker")
+
+    def test_a_worker_run_is_steered(self):
+        s = self.start()
+        self.worker(s)
+        a = s.spawn("coder", "wait_steer\noutput after")
+        self.assertEqual(a.status, pb.AGENT_STATUS_RUNNING)
+        steered = s.agents.Steer(pb.SteerRequest(id=a.id, message="use the fast path"), timeout=TIMEOUT)
+        self.assertEqual(steered.delivery, pb.STEER_DELIVERY_DELIVERED)
+        done = s.await_one(a.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(done.result, "steer: use the fast path\nafter")
+
+    def test_an_approval_round_trip(self):
+        s = self.start()
+        self.worker(s)
+        a = s.spawn("coder", "approve shell\noutput after")
+        paused = s.await_one(a.id)
+        self.assertEqual(paused.status, pb.AGENT_STATUS_AWAITING_APPROVAL, paused)
+        self.assertEqual(paused.approval.tool_name, "shell")
+        s.agents.Approve(
+            pb.ApproveRequest(
+                id=a.id, approval_id=paused.approval.id, decision=pb.APPROVAL_DECISION_DENY, note="not today"
+            ),
+            timeout=TIMEOUT,
+        )
+        done = s.await_one(a.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(done.result, "denied: shell: not today\nafter")
+
+    def test_a_killed_worker_fails_its_run_and_a_restarted_one_picks_up_queued_runs(self):
+        # One live background agent at a time: the second Spawn is admitted
+        # only if the lost run's global slot was freed.
+        s = self.start(max_background=1)
+        w = self.worker(s)
+        a = s.spawn("coder", "hang")
+        self.assertEqual(a.status, pb.AGENT_STATUS_RUNNING)
+        w.kill()
+        lost = s.await_one(a.id)
+        self.assertEqual(lost.status, pb.AGENT_STATUS_FAILED, lost)
+        self.assertEqual(lost.error.code, "WORKER_LOST")
+        self.assertIn(w.worker_id, lost.error.message)
+
+        b = s.spawn("coder", "output picked up")
+        self.assertEqual(b.status, pb.AGENT_STATUS_QUEUED)
+        self.assertEqual(b.queue_reason, 'no worker connected for agent type "coder"')
+        self.worker(s)
+        done = s.await_one(b.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(done.result, "picked up")
+
+    def test_a_worker_run_spawns_two_children_and_awaits_them(self):
+        s = self.start()
+        self.worker(s, "spawning_worker.py", "--agents", "planner", "--child-agent", "simulated")
+        a = s.spawn("planner", "the refactor")
+        done = s.await_one(a.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(done.result, "first half of: the refactor\nsecond half of: the refactor")
+        children = s.agents.Status(pb.StatusRequest(parent_id=a.id), timeout=TIMEOUT).agents
+        self.assertEqual(len(children), 2)
+        for child in children:
+            self.assertEqual(child.depth, 2)
+            self.assertEqual(child.root_id, a.id)
+            self.assertEqual(child.status, pb.AGENT_STATUS_DONE)
+
+
+if __name__ == "__main__":
+    unittest.main()
