@@ -79,6 +79,8 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("detached".into(), json!(agent.detached));
     obj.insert("queueReason".into(), json!(agent.queue_reason));
     obj.insert("bucket".into(), json!(agent.bucket));
+    obj.insert("workerId".into(), json!(agent.worker_id));
+    obj.insert("attempt".into(), json!(agent.attempt));
     Value::Object(obj)
 }
 
@@ -223,6 +225,13 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
     }
     if !agent.queue_reason.is_empty() {
         let _ = writeln!(out, "  queued: {}", agent.queue_reason);
+    }
+    if !agent.worker_id.is_empty() {
+        let _ = writeln!(
+            out,
+            "  worker: {} (attempt {})",
+            agent.worker_id, agent.attempt
+        );
     }
     if let Some(approval) = &agent.approval {
         let _ = writeln!(
@@ -403,6 +412,8 @@ mod tests {
                 "detached": false,
                 "queueReason": "",
                 "bucket": "anthropic",
+                "workerId": "",
+                "attempt": 1,
             })
         );
     }
