@@ -1261,6 +1261,7 @@ impl Harness {
                             Some(*worker),
                             "{ctx}: assigned elsewhere"
                         );
+                        assert_eq!(&*a.prompt, "work", "{ctx}: assigned without its prompt");
                     }
                     WorkerCommand::Cancel { agent_id, .. } => {
                         assert!(

@@ -93,11 +93,13 @@ struct Record {
     seq: u64,
     parent_key: ParentKey,
     runner: RunnerKind,
-    /// Taken when the run starts.
+    /// Until the agent ends (a retried run is assigned it again).
     prompt: Option<Arc<str>>,
     timeout: Duration,
     steer_buffer: Vec<String>,
-    run: Option<RunControl>,
+    /// Boxed: only live runs have one, and inline it would push every
+    /// retained record into a larger allocation size class.
+    run: Option<Box<RunControl>>,
     children: Vec<AgentId>,
     idempotency_key: Option<Arc<str>>,
 }
@@ -746,13 +748,13 @@ impl Core {
         let steer_rx = if first_start {
             rec.view.attempt += 1;
             let (tx, rx) = steer_inbox();
-            rec.run = Some(RunControl {
+            rec.run = Some(Box::new(RunControl {
                 cancel: CancellationToken::new(),
                 steer: tx,
                 output: String::new(),
                 approval: None,
                 decision: None,
-            });
+            }));
             Some(rx)
         } else {
             None
@@ -810,7 +812,8 @@ impl Core {
             }
         }
         if let Some(steer) = steer_rx {
-            let prompt = rec.prompt.take().unwrap_or_else(|| "".into());
+            // Kept until the agent ends: a retried run needs it again.
+            let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
