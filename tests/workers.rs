@@ -1238,3 +1238,38 @@ async fn a_done_report_while_the_run_is_queued_after_its_approval_finishes_it() 
     steer_rpc(&mut s.client, &blocker.id, "go").await;
     s.handle.shutdown().await.unwrap();
 }
+
+/// The Spawn call's W3C trace context reaches the worker, so the worker's
+/// spans join the caller's trace; a malformed one is ignored, not refused.
+#[tokio::test]
+async fn the_spawn_calls_trace_context_reaches_the_worker() {
+    let mut s = TestServer::start(CONFIG).await;
+    let mut w = Worker::connect(s.handle.addr(), &["coder"], 2).await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for (sent, expected) in [
+        (traceparent, traceparent),
+        ("00-not-a-trace-context", ""),
+        (
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "",
+        ),
+    ] {
+        let mut request = tonic::Request::new(worker_bg("coder", "traced"));
+        request
+            .metadata_mut()
+            .insert("traceparent", sent.parse().unwrap());
+        let a = s
+            .client
+            .spawn(request)
+            .await
+            .expect("spawn succeeds")
+            .into_inner()
+            .agent
+            .expect("agent");
+        let assigned = w.assignment().await;
+        assert_eq!(assigned.agent.expect("agent").id, a.id);
+        assert_eq!(assigned.traceparent, expected, "sent {sent}");
+        w.done(&a.id, "ok");
+    }
+    s.handle.shutdown().await.unwrap();
+}

@@ -191,6 +191,8 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         timeout,
         idempotency_key,
         detached: req.detached,
+        // From the call's metadata, not its message (see `traceparent_from`).
+        traceparent: None,
     })
 }
 
@@ -342,6 +344,32 @@ pub fn parse_steer(req: pb::SteerRequest) -> Result<(AgentId, String), Error> {
     }
     v.finish(())?;
     Ok((id.expect("id set when no violation"), req.message))
+}
+
+/// The W3C `traceparent` of a call's metadata, if it carries a valid one
+/// (an invalid one is ignored, as the W3C spec asks, rather than refused).
+pub fn traceparent_from(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    let value = metadata.get("traceparent")?.to_str().ok()?.trim();
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, len: usize| {
+        s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    let valid = match parts.as_slice() {
+        // Version 00 has exactly four fields; later versions may append more.
+        [version, trace_id, parent_id, flags, rest @ ..] => {
+            hex(version, 2)
+                && *version != "ff"
+                && (*version != "00" || rest.is_empty())
+                && hex(trace_id, 32)
+                && nonzero(trace_id)
+                && hex(parent_id, 16)
+                && nonzero(parent_id)
+                && hex(flags, 2)
+        }
+        _ => false,
+    };
+    valid.then(|| value.to_owned())
 }
 
 /// Parses an ApproveRequest.
@@ -650,7 +678,7 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
             agent: Some(agent_to_pb(&a.agent, SystemTime::now())),
             prompt: a.prompt.to_string(),
             steer_messages: a.steer_messages,
-            traceparent: String::new(),
+            traceparent: a.traceparent.as_deref().unwrap_or_default().to_owned(),
             deadline: Some(timestamp(a.deadline)),
         }),
         WorkerCommand::Steer { agent_id, message } => M::Steer(pb::SteerRun {
@@ -703,6 +731,32 @@ mod tests {
             Error::Invalid(v) => v.into_iter().map(|v| v.field).collect(),
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn traceparent_follows_the_w3c_format() {
+        let with = |v: &str| {
+            let mut m = tonic::metadata::MetadataMap::new();
+            m.insert("traceparent", v.parse().unwrap());
+            traceparent_from(&m)
+        };
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(with(valid).as_deref(), Some(valid));
+        // A later version may append fields.
+        let future = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra";
+        assert_eq!(with(future).as_deref(), Some(future));
+        for bad in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "garbage",
+        ] {
+            assert_eq!(with(bad), None, "{bad}");
+        }
+        assert_eq!(traceparent_from(&tonic::metadata::MetadataMap::new()), None);
     }
 
     #[test]

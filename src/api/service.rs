@@ -68,7 +68,9 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::SpawnRequest>,
     ) -> Result<Response<pb::SpawnResponse>, Status> {
-        let spec = convert::parse_spawn(request.into_inner())?;
+        let traceparent = convert::traceparent_from(request.metadata());
+        let mut spec = convert::parse_spawn(request.into_inner())?;
+        spec.traceparent = traceparent;
         let agent = if spec.background {
             self.scheduler.spawn(spec)?
         } else {

@@ -102,6 +102,8 @@ struct Record {
     run: Option<Box<RunControl>>,
     children: Vec<AgentId>,
     idempotency_key: Option<Arc<str>>,
+    /// W3C trace context of the Spawn, for the run's worker.
+    traceparent: Option<Arc<str>>,
 }
 
 impl Record {
@@ -482,6 +484,7 @@ impl Core {
             run: None,
             children: Vec::new(),
             idempotency_key: idem_key.clone(),
+            traceparent: spec.traceparent.map(Arc::from),
         };
         if let Some(pid) = spec.parent_id {
             if let Some(p) = self.agents.get_mut(&pid) {
@@ -822,6 +825,7 @@ impl Core {
                         prompt: prompt.clone(),
                         steer_messages: waiting_steers,
                         deadline: now + rec.timeout,
+                        traceparent: rec.traceparent.clone(),
                     })),
                 );
             }

@@ -223,6 +223,8 @@ pub struct SpawnSpec {
     pub idempotency_key: Option<String>,
     /// Survives its parent.
     pub detached: bool,
+    /// W3C `traceparent` the Spawn call carried, handed to the run's worker.
+    pub traceparent: Option<String>,
 }
 
 /// Filters of Status and WatchAgents; unset fields match everything.

@@ -76,6 +76,9 @@ class Run:
         self.id: str = assignment.agent.id
         #: The prompt.
         self.prompt: str = assignment.prompt
+        #: W3C trace context of the Spawn call (empty if none), to parent
+        #: this worker's own spans.
+        self.traceparent: str = assignment.traceparent
         self._send = send
         self._steers: "queue.Queue[str]" = queue.Queue()
         for message in assignment.steer_messages:
