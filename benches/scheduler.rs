@@ -39,6 +39,7 @@ fn core(buckets: usize) -> Core {
             AgentTypeConfig {
                 runner: RunnerKind::Simulated,
                 retry_on_worker_lost: 0,
+                ..AgentTypeConfig::default()
             },
         )]),
     )

@@ -139,17 +139,43 @@ pub struct WatchConfig {
 }
 
 /// How runs of an agent type execute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunnerKind {
     /// The built-in scripted runner (see README "The simulated runner").
+    #[default]
     Simulated,
     /// Runs are executed by connected workers (WorkerService).
     Worker,
+    /// Each run is a child process (`command`).
+    Command,
 }
 
-/// `[agents.NAME]` section.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// How a command run receives its prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptInput {
+    /// Written to standard input.
+    #[default]
+    Stdin,
+    /// Substituted for `{prompt}` in the arguments.
+    Arg,
+}
+
+/// Whether a command run accepts Steer messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SteerInput {
+    /// Steer is refused with FAILED_PRECONDITION.
+    #[default]
+    None,
+    /// Each message is written to standard input as one line.
+    Stdin,
+}
+
+/// `[agents.NAME]` section. Keys other than `runner` belong to one runner
+/// and are refused for the others.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentTypeConfig {
     /// Which runner executes this type.
@@ -157,8 +183,112 @@ pub struct AgentTypeConfig {
     /// Worker runner: how many times a run whose worker is lost is queued
     /// again (at the head of its bucket) before it fails with WORKER_LOST.
     /// Default 0.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub retry_on_worker_lost: u32,
+    /// Command runner: the program and its arguments; no shell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Command runner: working directory (default: the server's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<std::path::PathBuf>,
+    /// Command runner: extra environment variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Command runner: `stdin` (default) or `arg` (replaces `{prompt}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<PromptInput>,
+    /// Command runner: `none` (default) or `stdin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steer: Option<SteerInput>,
+    /// Command runner: SIGTERM to SIGKILL on cancel or deadline (default 5 s).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub kill_grace: Option<Duration>,
+    /// Command runner: largest result kept from standard output (default
+    /// 1 MiB); the rest is cut with a marker while the run goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_result_bytes: Option<usize>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Default `kill_grace` of command runs.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// Default `max_result_bytes` of command runs.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
+
+impl AgentTypeConfig {
+    /// A type run by `runner` with every other key at its default.
+    pub fn of(runner: RunnerKind) -> Self {
+        Self {
+            runner,
+            ..Self::default()
+        }
+    }
+
+    /// How the prompt reaches a command run.
+    pub fn prompt_input(&self) -> PromptInput {
+        self.prompt.unwrap_or_default()
+    }
+
+    /// Whether runs of this type accept Steer messages.
+    pub fn accepts_steer(&self) -> bool {
+        self.runner != RunnerKind::Command || self.steer == Some(SteerInput::Stdin)
+    }
+
+    /// SIGTERM → SIGKILL delay of a command run.
+    pub fn kill_grace(&self) -> Duration {
+        self.kill_grace.unwrap_or(DEFAULT_KILL_GRACE)
+    }
+
+    /// Result cap of a command run.
+    pub fn max_result_bytes(&self) -> usize {
+        self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES)
+    }
+}
+
+impl AgentTypeConfig {
+    fn validate_command(&self, name: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("agents.{name}.{k}");
+        if self.runner != RunnerKind::Command {
+            let set = [
+                ("command", !self.command.is_empty()),
+                ("cwd", self.cwd.is_some()),
+                ("env", !self.env.is_empty()),
+                ("prompt", self.prompt.is_some()),
+                ("steer", self.steer.is_some()),
+                ("kill_grace", self.kill_grace.is_some()),
+                ("max_result_bytes", self.max_result_bytes.is_some()),
+            ];
+            if let Some((k, _)) = set.iter().find(|(_, set)| *set) {
+                return Err(invalid(key(k), "applies only to runner = \"command\""));
+            }
+            return Ok(());
+        }
+        if self.command.first().is_none_or(|p| p.is_empty()) {
+            return Err(invalid(
+                key("command"),
+                "runner = \"command\" needs the program and its arguments, e.g. [\"my-agent\", \"--json\"]",
+            ));
+        }
+        if self.prompt_input() == PromptInput::Arg
+            && !self.command[1..].iter().any(|a| a.contains("{prompt}"))
+        {
+            return Err(invalid(
+                key("prompt"),
+                "prompt = \"arg\" needs a {prompt} placeholder in the command's arguments",
+            ));
+        }
+        if self.max_result_bytes == Some(0) {
+            return Err(invalid(key("max_result_bytes"), "must be ≥ 1"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -223,6 +353,7 @@ fn default_agents() -> BTreeMap<String, AgentTypeConfig> {
         AgentTypeConfig {
             runner: RunnerKind::Simulated,
             retry_on_worker_lost: 0,
+            ..AgentTypeConfig::default()
         },
     )])
 }
@@ -379,6 +510,7 @@ impl Config {
                     "applies only to runner = \"worker\"",
                 ));
             }
+            agent.validate_command(name)?;
         }
         if self.server.keepalive_interval.is_zero() {
             return Err(invalid("server.keepalive_interval", "must be > 0"));

@@ -99,7 +99,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
-    let scheduler = Scheduler::new(&config);
+    let scheduler = Scheduler::with_runners(&config, crate::runner::builtin(Some(addr)));
     let shutdown = CancellationToken::new();
 
     let (health, health_service) = tonic_health::server::health_reporter();

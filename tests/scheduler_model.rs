@@ -349,6 +349,7 @@ fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
             AgentTypeConfig {
                 runner: RunnerKind::Simulated,
                 retry_on_worker_lost: 0,
+                ..AgentTypeConfig::default()
             },
         ),
         (
@@ -356,6 +357,7 @@ fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
             AgentTypeConfig {
                 runner: RunnerKind::Worker,
                 retry_on_worker_lost: 1,
+                ..AgentTypeConfig::default()
             },
         ),
     ])

@@ -29,6 +29,8 @@ pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
 pub const REASON_DESCENDANT_LIMIT_REACHED: &str = "DESCENDANT_LIMIT_REACHED";
 /// The server is shutting down.
 pub const REASON_SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+/// Steer to an agent whose type takes no steer messages.
+pub const REASON_STEER_NOT_ACCEPTED: &str = "STEER_NOT_ACCEPTED";
 /// Approve for an agent with no pending approval.
 pub const REASON_NOT_AWAITING_APPROVAL: &str = "NOT_AWAITING_APPROVAL";
 /// Approve naming an approval other than the pending one.
@@ -159,6 +161,19 @@ impl From<Error> for Status {
             Error::ShuttingDown => {
                 info(&mut d, REASON_SHUTTING_DOWN, &[]);
                 Code::Unavailable
+            }
+            Error::SteerNotAccepted { id, agent_type } => {
+                info(
+                    &mut d,
+                    REASON_STEER_NOT_ACCEPTED,
+                    &[("id", id.to_string()), ("agent", agent_type.clone())],
+                );
+                d.add_precondition_failure_violation(
+                    "STEER_NOT_ACCEPTED",
+                    format!("agents.{agent_type}.steer"),
+                    "the agent type does not accept steering",
+                );
+                Code::FailedPrecondition
             }
             Error::NotAwaitingApproval { id, status } => {
                 let status = crate::api::convert::status_to_pb(*status).as_str_name();

@@ -7,6 +7,7 @@
 //! runner that is cancelled is simply dropped, so runners need no cleanup
 //! path of their own beyond `Drop`.
 
+pub mod command;
 pub mod simulated;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::AgentTypeConfig;
 pub use crate::scheduler::{inbox::SteerInbox, RunReporter};
 use crate::scheduler::{AgentError, AgentView};
 
@@ -34,6 +36,28 @@ pub struct Run {
     pub cancel: CancellationToken,
     /// Reports progress back to the scheduler.
     pub reporter: RunReporter,
+    /// The agent type's config as of the run's start.
+    pub agent_type: Arc<AgentTypeConfig>,
+    /// W3C trace context of the Spawn call, if it carried one.
+    pub traceparent: Option<Arc<str>>,
+}
+
+/// The in-process runners, by kind (workers run elsewhere). Command
+/// runs reach the API at `api_addr` (`SUBAGENTD_ADDR`) when given.
+pub fn builtin(
+    api_addr: Option<std::net::SocketAddr>,
+) -> std::collections::HashMap<crate::config::RunnerKind, Arc<dyn Runner>> {
+    use crate::config::RunnerKind;
+    std::collections::HashMap::from([
+        (
+            RunnerKind::Simulated,
+            Arc::new(simulated::SimulatedRunner) as Arc<dyn Runner>,
+        ),
+        (
+            RunnerKind::Command,
+            Arc::new(command::CommandRunner::new(api_addr)) as Arc<dyn Runner>,
+        ),
+    ])
 }
 
 /// Executes runs of one kind of agent.

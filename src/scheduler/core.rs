@@ -49,6 +49,11 @@ pub struct RunStart {
     pub cancel: CancellationToken,
     /// Run deadline, measured from now.
     pub timeout: Duration,
+    /// The agent type's config when the run started (None if a reload
+    /// removed the type meanwhile).
+    pub agent_type: Option<Arc<AgentTypeConfig>>,
+    /// W3C trace context of the Spawn call.
+    pub traceparent: Option<Arc<str>>,
 }
 
 /// Handles the core keeps to talk to a live run.
@@ -153,7 +158,8 @@ pub struct Counters {
 pub struct Core {
     limits: Limits,
     runs: RunsConfig,
-    agent_types: BTreeMap<String, AgentTypeConfig>,
+    /// Shared with the runs started under each version of the config.
+    agent_types: BTreeMap<String, Arc<AgentTypeConfig>>,
     /// Boxed: a hash map stores values inline in up to twice as many
     /// buckets as entries, which for ~450-byte records doubled the memory of
     /// retained agents.
@@ -204,7 +210,7 @@ impl Core {
         Self {
             limits,
             runs,
-            agent_types,
+            agent_types: shared_types(agent_types),
             agents: HashMap::default(),
             order: BTreeMap::new(),
             next_seq: 1,
@@ -242,7 +248,7 @@ impl Core {
     ) {
         self.limits = limits;
         self.runs = runs;
-        self.agent_types = agent_types;
+        self.agent_types = shared_types(agent_types);
         self.rebucket();
         let mut dirty = Dirty::default();
         dirty.everything();
@@ -836,6 +842,8 @@ impl Core {
                 steer,
                 cancel,
                 timeout: rec.timeout,
+                agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
+                traceparent: rec.traceparent.clone(),
             };
             self.starts.push(start);
         }
@@ -1328,6 +1336,17 @@ impl Core {
             field: "id",
             id: id.to_string(),
         })?;
+        if !rec.view.status.is_terminal()
+            && self
+                .agent_types
+                .get(&*rec.view.agent)
+                .is_some_and(|t| !t.accepts_steer())
+        {
+            return Err(Error::SteerNotAccepted {
+                id,
+                agent_type: rec.view.agent.to_string(),
+            });
+        }
         let delivery = match rec.view.status {
             AgentStatus::Running => {
                 match (rec.view.worker_id, &rec.run) {
@@ -1689,4 +1708,10 @@ fn cancel_message(reason: &str) -> String {
     } else {
         reason.to_owned()
     }
+}
+
+fn shared_types(
+    types: BTreeMap<String, AgentTypeConfig>,
+) -> BTreeMap<String, Arc<AgentTypeConfig>> {
+    types.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
 }

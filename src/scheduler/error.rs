@@ -83,6 +83,9 @@ pub enum Error {
     /// The server is shutting down.
     #[error("the server is shutting down and accepts no new agents; retry against another instance or after restart")]
     ShuttingDown,
+    /// Steer to an agent whose type takes no steer messages.
+    #[error("agent {id} is of type \"{agent_type}\", which does not accept steering (set steer = \"stdin\" in [agents.{agent_type}] to send steer messages to its standard input)")]
+    SteerNotAccepted { id: AgentId, agent_type: String },
     /// Approve for an agent that has no pending approval.
     #[error("agent {id} is not awaiting approval (it is {status:?})")]
     NotAwaitingApproval { id: AgentId, status: AgentStatus },

@@ -33,7 +33,7 @@ pub use workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
 
 use crate::{
     config::{Config, RunnerKind},
-    runner::{simulated::SimulatedRunner, Run, Runner},
+    runner::{Run, Runner},
 };
 
 /// Whether Await waits for every agent or for the first.
@@ -69,9 +69,7 @@ impl std::fmt::Debug for Scheduler {
 impl Scheduler {
     /// A scheduler with the built-in runners.
     pub fn new(config: &Config) -> Self {
-        let runners: HashMap<RunnerKind, Arc<dyn Runner>> =
-            HashMap::from([(RunnerKind::Simulated, Arc::new(SimulatedRunner) as _)]);
-        Self::with_runners(config, runners)
+        Self::with_runners(config, crate::runner::builtin(None))
     }
 
     /// A scheduler with the given runners (tests use fakes).
@@ -147,10 +145,16 @@ impl Scheduler {
             }
             return;
         }
-        let Some(runner) = self.shared.runners.get(&start.runner).cloned() else {
+        let (Some(runner), Some(agent_type)) = (
+            self.shared.runners.get(&start.runner).cloned(),
+            start.agent_type.clone(),
+        ) else {
             let error = AgentError::new(
                 "RUNNER_UNAVAILABLE",
-                format!("no runner of kind {:?} is available", start.runner),
+                format!(
+                    "no runner of kind {:?} is available for agent type \"{}\"",
+                    start.runner, start.agent.agent
+                ),
             );
             self.with_core(|c| c.finish(id, Err(error)));
             return;
@@ -165,6 +169,8 @@ impl Scheduler {
                 scheduler: self.clone(),
                 id,
             },
+            agent_type,
+            traceparent: start.traceparent,
         };
         let deadline = async {
             match tokio::time::Instant::now().checked_add(timeout) {

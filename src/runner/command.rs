@@ -1,0 +1,380 @@
+//! The `command` runner: each run is a child process (an agent CLI).
+//!
+//! The program runs in its own process group, with the prompt on standard
+//! input (or in place of `{prompt}` in its arguments) and the agent's place
+//! in the tree in `SUBAGENTD_*` variables. Standard output is the result,
+//! streamed line by line as output and capped; the tail of standard error
+//! explains a failure. However the run ends — exit, cancel, deadline,
+//! server shutdown — the whole group gets SIGTERM and, after the type's
+//! `kill_grace`, SIGKILL, so no grandchild outlives its run.
+
+use std::{collections::VecDeque, net::SocketAddr, process::Stdio, time::Duration};
+
+use futures_util::future::BoxFuture;
+use nix::{
+    sys::signal::{killpg, Signal},
+    unistd::Pid,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    process::{Child, Command},
+    sync::mpsc,
+};
+use tracing::{debug, warn};
+
+use super::{Run, RunOutcome, Runner};
+use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
+use crate::scheduler::AgentError;
+
+/// Bytes of standard error kept for the failure message.
+pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
+
+/// Error code of a program that could not be started.
+pub const CODE_SPAWN_FAILED: &str = "SPAWN_FAILED";
+
+/// See the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct CommandRunner {
+    /// `SUBAGENTD_ADDR` for the programs, so they can call the API.
+    api_addr: Option<String>,
+}
+
+impl CommandRunner {
+    /// A runner whose programs reach the API at `api_addr` (the server's
+    /// bound address; an unspecified IP becomes loopback).
+    pub fn new(api_addr: Option<SocketAddr>) -> Self {
+        let api_addr = api_addr.map(|mut a| {
+            if a.ip().is_unspecified() {
+                a.set_ip(if a.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                });
+            }
+            format!("http://{a}")
+        });
+        Self { api_addr }
+    }
+}
+
+impl Runner for CommandRunner {
+    fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome> {
+        Box::pin(run_command(self.api_addr.clone(), run))
+    }
+}
+
+async fn run_command(api_addr: Option<String>, mut run: Run) -> RunOutcome {
+    let cfg = run.agent_type.clone();
+    let mut child = spawn(&cfg, api_addr.as_deref(), &run)?;
+    // From here on, however this future ends (finished, or dropped on
+    // cancel or deadline), the group is stopped.
+    let mut group = GroupGuard::new(&child, cfg.kill_grace());
+
+    // Standard input: a writer task, so a program that does not read its
+    // input never stalls the reading of its output.
+    let stdin_tx = child.stdin.take().map(|stdin| {
+        let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(write_stdin(stdin, rx));
+        tx
+    });
+    let mut steer_tx = None;
+    if let Some(tx) = stdin_tx {
+        if cfg.prompt_input() == PromptInput::Stdin {
+            let mut prompt = run.prompt.as_bytes().to_vec();
+            if cfg.steer == Some(SteerInput::Stdin) && !prompt.ends_with(b"\n") {
+                // Steer lines follow the prompt: end it with a newline.
+                prompt.push(b'\n');
+            }
+            let _ = tx.send(prompt);
+        }
+        if cfg.steer == Some(SteerInput::Stdin) {
+            steer_tx = Some(tx);
+        }
+        // Otherwise `tx` drops here and the program sees end of input.
+    }
+
+    let stderr = child
+        .stderr
+        .take()
+        .map(|e| tokio::spawn(stderr_tail(e, STDERR_TAIL_BYTES)));
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut output = CappedOutput::new(cfg.max_result_bytes());
+    let mut line = Vec::new();
+    let mut stdout_open = true;
+    let mut exit = None;
+    while stdout_open || exit.is_none() {
+        tokio::select! {
+            read = stdout.read_until(b'\n', &mut line), if stdout_open => match read {
+                Ok(0) | Err(_) => stdout_open = false,
+                Ok(_) => {
+                    if let Some(chunk) = output.push(&String::from_utf8_lossy(&line)) {
+                        run.reporter.output(&chunk);
+                    }
+                    line.clear();
+                }
+            },
+            message = run.steer.recv(), if steer_tx.is_some() => match message {
+                Some(message) => {
+                    let mut bytes = message.into_bytes();
+                    bytes.push(b'\n');
+                    if let Some(tx) = &steer_tx {
+                        let _ = tx.send(bytes);
+                    }
+                }
+                None => steer_tx = None,
+            },
+            status = child.wait(), if exit.is_none() => {
+                exit = Some(status);
+                // The program is done; anything it left running in its
+                // group is stopped, which also lets its output end.
+                group.stop();
+            },
+        }
+    }
+    drop(steer_tx);
+    let stderr = match stderr {
+        Some(task) => task.await.unwrap_or_default(),
+        None => String::new(),
+    };
+    let status = match exit.expect("the loop ends after the exit") {
+        Ok(status) => status,
+        Err(e) => {
+            return Err(AgentError::new(
+                "RUN_FAILED",
+                format!("waiting for the program failed: {e}"),
+            ))
+        }
+    };
+    outcome(status, output.into_result(), stderr)
+}
+
+fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Child, AgentError> {
+    let program = &cfg.command[0];
+    let mut cmd = Command::new(program);
+    for arg in &cfg.command[1..] {
+        if cfg.prompt_input() == PromptInput::Arg {
+            cmd.arg(arg.replace("{prompt}", &run.prompt));
+        } else {
+            cmd.arg(arg);
+        }
+    }
+    if let Some(cwd) = &cfg.cwd {
+        cmd.current_dir(cwd);
+    }
+    let agent = &run.agent;
+    cmd.envs(&cfg.env)
+        .env("SUBAGENTD_AGENT_ID", agent.id.to_string())
+        .env(
+            "SUBAGENTD_PARENT_ID",
+            agent.parent_id.map(|p| p.to_string()).unwrap_or_default(),
+        )
+        .env("SUBAGENTD_ROOT_ID", agent.root_id.to_string())
+        .env("SUBAGENTD_DEPTH", agent.depth.to_string())
+        .env("SUBAGENTD_AGENT", &*agent.agent)
+        .env("SUBAGENTD_MODEL", &*agent.model);
+    match api_addr {
+        Some(addr) => cmd.env("SUBAGENTD_ADDR", addr),
+        None => cmd.env_remove("SUBAGENTD_ADDR"),
+    };
+    match &run.traceparent {
+        Some(tp) => cmd.env("TRACEPARENT", &**tp),
+        None => cmd.env_remove("TRACEPARENT"),
+    };
+    let needs_stdin =
+        cfg.prompt_input() == PromptInput::Stdin || cfg.steer == Some(SteerInput::Stdin);
+    cmd.stdin(if needs_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    // Its own process group, so a cancel reaches everything it started.
+    .process_group(0)
+    .kill_on_drop(false);
+    cmd.spawn()
+        .map_err(|e| AgentError::new(CODE_SPAWN_FAILED, format!("cannot start {program:?}: {e}")))
+}
+
+/// Exit 0 → the result; otherwise FAILED `EXIT_<n>` or `SIGNAL_<n>`, with
+/// the end of standard error as the message.
+fn outcome(status: std::process::ExitStatus, result: String, stderr: String) -> RunOutcome {
+    use std::os::unix::process::ExitStatusExt;
+    if status.success() {
+        return Ok(result);
+    }
+    let explain = |what: String| {
+        let stderr = stderr.trim_end();
+        if stderr.is_empty() {
+            what
+        } else {
+            stderr.to_owned()
+        }
+    };
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Err(AgentError::new(
+            &format!("EXIT_{code}"),
+            explain(format!("the program exited with status {code}")),
+        )),
+        (None, Some(signal)) => Err(AgentError::new(
+            &format!("SIGNAL_{signal}"),
+            explain(format!("the program was killed by signal {signal}")),
+        )),
+        (None, None) => Err(AgentError::new("RUN_FAILED", explain(format!("{status}")))),
+    }
+}
+
+async fn write_stdin(
+    mut stdin: tokio::process::ChildStdin,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+) {
+    while let Some(bytes) = rx.recv().await {
+        if let Err(e) = stdin.write_all(&bytes).await {
+            // The program closed its input: later steer messages are lost,
+            // which is all a closed pipe can mean.
+            debug!(error = %e, "command stdin closed");
+            return;
+        }
+        let _ = stdin.flush().await;
+    }
+}
+
+/// The last `keep` bytes of a stream, as text.
+async fn stderr_tail(mut stderr: tokio::process::ChildStderr, keep: usize) -> String {
+    let mut tail: VecDeque<u8> = VecDeque::with_capacity(keep.min(8192));
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                tail.extend(&buf[..n]);
+                let excess = tail.len().saturating_sub(keep);
+                tail.drain(..excess);
+            }
+        }
+    }
+    String::from_utf8_lossy(tail.make_contiguous()).into_owned()
+}
+
+/// Standard output up to a cap; past it, one marker and nothing more.
+struct CappedOutput {
+    text: String,
+    cap: usize,
+    truncated: bool,
+}
+
+impl CappedOutput {
+    fn new(cap: usize) -> Self {
+        Self {
+            text: String::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    /// Adds a line; returns what to report as output (None once past the
+    /// cap).
+    fn push(&mut self, line: &str) -> Option<String> {
+        if self.truncated {
+            return None;
+        }
+        let room = self.cap - self.text.len();
+        if line.len() <= room {
+            self.text.push_str(line);
+            return Some(line.to_owned());
+        }
+        let mut cut = room;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let marker = format!(
+            "\n[output truncated: more than {} bytes; see [agents.NAME] max_result_bytes]\n",
+            self.cap
+        );
+        let chunk = format!("{}{marker}", &line[..cut]);
+        self.text.push_str(&chunk);
+        self.truncated = true;
+        Some(chunk)
+    }
+
+    fn into_result(self) -> String {
+        self.text
+    }
+}
+
+/// Stops a run's process group: SIGTERM, then SIGKILL after the grace, in
+/// a task of its own so neither a finishing run nor a dropped one waits.
+struct GroupGuard {
+    pgid: Option<i32>,
+    grace: Duration,
+}
+
+impl GroupGuard {
+    fn new(child: &Child, grace: Duration) -> Self {
+        Self {
+            pgid: child.id().and_then(|id| i32::try_from(id).ok()),
+            grace,
+        }
+    }
+
+    fn stop(&mut self) {
+        let Some(pgid) = self.pgid.take() else {
+            return;
+        };
+        signal_group(pgid, Signal::SIGTERM);
+        let grace = self.grace;
+        let kill_later = async move {
+            tokio::time::sleep(grace).await;
+            signal_group(pgid, Signal::SIGKILL);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(kill_later);
+            }
+            // No runtime (process exit): no grace either.
+            Err(_) => signal_group(pgid, Signal::SIGKILL),
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn signal_group(pgid: i32, signal: Signal) {
+    match killpg(Pid::from_raw(pgid), signal) {
+        // Everyone in the group already exited.
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => warn!(pgid, %signal, error = %e, "cannot signal a command's process group"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_capped_once_with_a_marker() {
+        let mut out = CappedOutput::new(10);
+        assert_eq!(out.push("hello\n").as_deref(), Some("hello\n"));
+        let cut = out.push("wörld!!!\n").expect("the cut chunk");
+        assert!(cut.starts_with("wör"), "{cut}");
+        assert!(
+            cut.contains("[output truncated: more than 10 bytes"),
+            "{cut}"
+        );
+        assert_eq!(out.push("more\n"), None);
+        let result = out.into_result();
+        assert!(result.starts_with("hello\nwör"), "{result}");
+    }
+
+    #[test]
+    fn an_unspecified_listen_address_becomes_loopback_for_programs() {
+        let r = CommandRunner::new(Some("0.0.0.0:50051".parse().unwrap()));
+        assert_eq!(r.api_addr.as_deref(), Some("http://127.0.0.1:50051"));
+        let r = CommandRunner::new(Some("10.1.2.3:7".parse().unwrap()));
+        assert_eq!(r.api_addr.as_deref(), Some("http://10.1.2.3:7"));
+    }
+}
