@@ -126,7 +126,25 @@ pub struct RunsConfig {
     /// capacity before confirming the run ended. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub cancel_grace: Duration,
+    /// Circuit breaker: tool calls one run may make; one more cancels it
+    /// with CIRCUIT_BREAKER. Default 4000; 0 = off.
+    pub max_tool_calls: u64,
+    /// Circuit breaker: consecutive tool calls with the same name and input
+    /// digest one run may make. Default 20; 0 = off.
+    pub max_identical_tool_calls: u32,
+    /// A running run that reports nothing (output, tool call, usage,
+    /// approval request) for this long fails with STALE. Default 45 min;
+    /// "0s" = off.
+    #[serde(with = "humantime_serde")]
+    pub stale_timeout: Duration,
 }
+
+/// Default `[runs] max_tool_calls`.
+pub const DEFAULT_MAX_TOOL_CALLS: u64 = 4000;
+/// Default `[runs] max_identical_tool_calls`.
+pub const DEFAULT_MAX_IDENTICAL_TOOL_CALLS: u32 = 20;
+/// Default `[runs] stale_timeout`.
+pub const DEFAULT_STALE_TIMEOUT: Duration = Duration::from_secs(45 * 60);
 
 /// `[watch]` section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -322,6 +340,9 @@ impl Default for RunsConfig {
             default_timeout: DEFAULT_RUN_TIMEOUT,
             finished_retention: DEFAULT_FINISHED_RETENTION,
             cancel_grace: DEFAULT_CANCEL_GRACE,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
+            max_identical_tool_calls: DEFAULT_MAX_IDENTICAL_TOOL_CALLS,
+            stale_timeout: DEFAULT_STALE_TIMEOUT,
         }
     }
 }

@@ -990,7 +990,7 @@ impl Harness {
                     "{ctx}: a worker's approval request was refused"
                 );
                 let view = self.core.view(id).expect("known agent");
-                (view.approval.expect("approval pending"), None)
+                ((*view.approval.expect("approval pending")).clone(), None)
             }
             None => {
                 let approval = self.core.request_approval(id, "shell", "rm -rf /tmp/x");

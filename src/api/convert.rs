@@ -490,11 +490,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
             tool_name: ap.tool_name.to_string(),
             detail: ap.detail.to_string(),
         }),
-        usage: Some(pb::Usage {
-            input_tokens: a.usage.input_tokens,
-            output_tokens: a.usage.output_tokens,
-            tool_calls: a.usage.tool_calls,
-        }),
+        usage: Some(usage_to_pb(&a.usage)),
         labels: a
             .labels
             .iter()
@@ -504,8 +500,17 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         detached: a.detached,
         queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
         worker_id: a.worker_id.map(|w| w.to_string()).unwrap_or_default(),
+        total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
         bucket: a.bucket.to_string(),
+    }
+}
+
+fn usage_to_pb(u: &Usage) -> pb::Usage {
+    pb::Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        tool_calls: u.tool_calls,
     }
 }
 

@@ -63,15 +63,17 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
             json!({ "id": approval.id, "toolName": approval.tool_name, "detail": approval.detail }),
         );
     }
-    if let Some(usage) = &agent.usage {
-        obj.insert(
-            "usage".into(),
-            json!({
-                "inputTokens": usage.input_tokens,
-                "outputTokens": usage.output_tokens,
-                "toolCalls": usage.tool_calls,
-            }),
-        );
+    for (key, usage) in [("usage", &agent.usage), ("totalUsage", &agent.total_usage)] {
+        if let Some(usage) = usage {
+            obj.insert(
+                key.into(),
+                json!({
+                    "inputTokens": usage.input_tokens,
+                    "outputTokens": usage.output_tokens,
+                    "toolCalls": usage.tool_calls,
+                }),
+            );
+        }
     }
     // serde_json's map is ordered by key, so labels print deterministically.
     obj.insert("labels".into(), json!(agent.labels));
@@ -383,6 +385,11 @@ mod tests {
             bucket: "anthropic".into(),
             worker_id: String::new(),
             attempt: 1,
+            total_usage: Some(pb::Usage {
+                input_tokens: 15,
+                output_tokens: 25,
+                tool_calls: 4,
+            }),
         }
     }
 
@@ -414,6 +421,7 @@ mod tests {
                 "bucket": "anthropic",
                 "workerId": "",
                 "attempt": 1,
+                "totalUsage": {"inputTokens": 15, "outputTokens": 25, "toolCalls": 4},
             })
         );
     }

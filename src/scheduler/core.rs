@@ -54,6 +54,8 @@ pub struct RunStart {
     pub agent_type: Option<Arc<AgentTypeConfig>>,
     /// W3C trace context of the Spawn call.
     pub traceparent: Option<Arc<str>>,
+    /// Last-report clock, for the stale watch.
+    pub progress: Arc<RunProgress>,
 }
 
 /// Handles the core keeps to talk to a live run.
@@ -71,6 +73,41 @@ struct RunControl {
     /// run gets it when it is RUNNING again, not while it waits in the
     /// queue.
     decision: Option<(Uuid, ApprovalOutcome)>,
+    /// The last tool call (name, input digest) and how many times in a row
+    /// it came, for `[runs] max_identical_tool_calls`.
+    last_call: Option<(Box<str>, Box<str>)>,
+    identical_calls: u32,
+    /// When the run last reported anything, for `[runs] stale_timeout`.
+    progress: Arc<RunProgress>,
+}
+
+/// The time of a run's last report, shared with the task that watches it
+/// for staleness (an atomic, so reporting takes no extra lock).
+#[derive(Debug)]
+pub struct RunProgress {
+    started: tokio::time::Instant,
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl RunProgress {
+    fn new() -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Records a report now.
+    pub fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the run last reported (its start if never).
+    pub fn last(&self) -> tokio::time::Instant {
+        self.started
+            + Duration::from_millis(self.last_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// How a steer message was handled.
@@ -467,6 +504,7 @@ impl Core {
             error: None,
             approval: None,
             usage: Usage::default(),
+            total_usage: Usage::default(),
             labels: if spec.labels.is_empty() {
                 self.no_labels.clone()
             } else {
@@ -763,6 +801,9 @@ impl Core {
                 output: String::new(),
                 approval: None,
                 decision: None,
+                last_call: None,
+                identical_calls: 0,
+                progress: Arc::new(RunProgress::new()),
             }));
             Some(rx)
         } else {
@@ -788,8 +829,10 @@ impl Core {
             return;
         }
         let rec = self.agents.get_mut(&id).expect("known agent");
-        // Resuming after an approval: the run learns the decision now.
+        // Resuming after an approval: the run learns the decision now, and
+        // the stale clock restarts (waiting for a person is not being stuck).
         if let Some(run) = rec.run.as_mut() {
+            run.progress.touch();
             if let Some((approval_id, outcome)) = run.decision.take() {
                 match (on_worker, run.approval.take()) {
                     (Some(worker), _) => {
@@ -844,6 +887,11 @@ impl Core {
                 timeout: rec.timeout,
                 agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
                 traceparent: rec.traceparent.clone(),
+                progress: rec
+                    .run
+                    .as_ref()
+                    .map(|r| r.progress.clone())
+                    .expect("run controls exist"),
             };
             self.starts.push(start);
         }
@@ -926,6 +974,7 @@ impl Core {
             return;
         }
         run.output.push_str(chunk);
+        run.progress.touch();
         if self.events.wants_progress() {
             // The record's own view has no result while it runs: progress
             // events carry the chunk, not the whole output again.
@@ -935,16 +984,33 @@ impl Core {
         }
     }
 
-    /// Counts a tool call the run made and publishes it as a TOOL_CALL
-    /// event if anyone watches progress.
+    /// Counts a tool call the run made, publishes it as a TOOL_CALL event
+    /// if anyone watches progress, and trips the circuit breakers: past
+    /// `[runs] max_tool_calls`, or `max_identical_tool_calls` identical calls
+    /// in a row, the run is cancelled with CIRCUIT_BREAKER.
     pub fn record_tool_call(&mut self, id: AgentId, name: &str, input_digest: &str) {
         let Some(rec) = self.agents.get_mut(&id) else {
             return;
         };
-        if rec.run.is_none() || rec.view.status.is_terminal() {
+        if rec.view.status.is_terminal() {
             return;
         }
-        rec.view.usage.tool_calls += 1;
+        let Some(run) = rec.run.as_mut() else {
+            return;
+        };
+        run.progress.touch();
+        let same = run
+            .last_call
+            .as_ref()
+            .is_some_and(|(n, d)| **n == *name && **d == *input_digest);
+        if same {
+            run.identical_calls += 1;
+        } else {
+            run.last_call = Some((name.into(), input_digest.into()));
+            run.identical_calls = 1;
+        }
+        let identical = run.identical_calls;
+        let total = rec.view.usage.tool_calls + 1;
         if self.events.wants_progress() {
             let view = rec.view.clone();
             self.events.publish_progress(
@@ -955,18 +1021,110 @@ impl Core {
                 view,
             );
         }
+        self.add_usage(
+            id,
+            Usage {
+                tool_calls: 1,
+                ..Usage::default()
+            },
+        );
+        let (max_total, max_identical) =
+            (self.runs.max_tool_calls, self.runs.max_identical_tool_calls);
+        let tripped = if max_total != 0 && total > max_total {
+            Some(format!(
+                "circuit breaker: {total} tool calls exceed [runs] max_tool_calls = {max_total}"
+            ))
+        } else if max_identical != 0 && identical > max_identical {
+            Some(format!(
+                "circuit breaker: {identical} identical calls in a row to tool \"{name}\" exceed \
+                 [runs] max_identical_tool_calls = {max_identical}"
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = tripped {
+            let error = AgentError::new(CODE_CIRCUIT_BREAKER, message);
+            self.end_run(id, AgentStatus::Cancelled, error);
+        }
     }
 
-    /// Adds to the agent's usage while it runs.
+    /// Adds to the agent's usage while it runs, and to the total usage of
+    /// the agent and each of its ancestors.
     pub fn add_usage(&mut self, id: AgentId, usage: Usage) {
-        if let Some(rec) = self.agents.get_mut(&id) {
-            if !rec.view.status.is_terminal() {
-                let u = &mut rec.view.usage;
-                u.input_tokens += usage.input_tokens;
-                u.output_tokens += usage.output_tokens;
-                u.tool_calls += usage.tool_calls;
-            }
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if rec.view.status.is_terminal() {
+            return;
         }
+        if let Some(run) = &rec.run {
+            run.progress.touch();
+        }
+        add_to(&mut rec.view.usage, usage);
+        let mut next = Some(id);
+        while let Some(ancestor) = next {
+            let Some(rec) = self.agents.get_mut(&ancestor) else {
+                break;
+            };
+            add_to(&mut rec.view.total_usage, usage);
+            next = rec.view.parent_id;
+        }
+    }
+
+    /// Ends a live run from the server's side (circuit breaker, stale):
+    /// like a failure reported by the run, it cancels the non-detached
+    /// descendants.
+    fn end_run(&mut self, id: AgentId, to: AgentStatus, error: AgentError) -> bool {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return false;
+        };
+        if rec.view.status.is_terminal() {
+            return false;
+        }
+        rec.view.error = Some(error);
+        let mut dirty = Dirty::default();
+        if self.transition(id, to, &mut dirty).is_err() {
+            return false;
+        }
+        self.cascade(id, Cascade::SkipDetached, &mut dirty, &mut Vec::new());
+        self.drain(dirty);
+        true
+    }
+
+    /// The stale watch of a run woke: if the agent is RUNNING and its run
+    /// reported nothing for `[runs] stale_timeout`, it fails with STALE.
+    /// Otherwise returns when to look again (None: stop watching).
+    pub fn check_stale(&mut self, id: AgentId) -> Option<tokio::time::Instant> {
+        let timeout = self.runs.stale_timeout;
+        let rec = self.agents.get(&id)?;
+        let run = rec.run.as_ref()?;
+        if timeout.is_zero() || rec.view.status.is_terminal() {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        if rec.view.status != AgentStatus::Running {
+            // Waiting for a decision or a slot: not the run's fault.
+            run.progress.touch();
+            return Some(now + timeout);
+        }
+        let due = run.progress.last() + timeout;
+        if now < due {
+            return Some(due);
+        }
+        let error = AgentError::new(
+            CODE_STALE,
+            format!(
+                "the run reported nothing (output, tool call, usage) for {}; [runs] stale_timeout",
+                humantime::format_duration(timeout)
+            ),
+        );
+        self.end_run(id, AgentStatus::Failed, error);
+        None
+    }
+
+    /// The configured stale timeout (zero = off).
+    pub fn stale_timeout(&self) -> Duration {
+        self.runs.stale_timeout
     }
 
     /// The run asks for approval of a tool call: RUNNING → AWAITING_APPROVAL,
@@ -997,6 +1155,7 @@ impl Core {
             return None;
         }
         let run = rec.run.as_mut()?;
+        run.progress.touch();
         run.approval = decision_to;
         run.decision = None;
         let approval = Approval {
@@ -1008,7 +1167,7 @@ impl Core {
                 detail.into()
             },
         };
-        rec.view.approval = Some(approval.clone());
+        rec.view.approval = Some(Arc::new(approval.clone()));
         let mut dirty = Dirty::default();
         self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
             .ok()?;
@@ -1708,6 +1867,12 @@ fn cancel_message(reason: &str) -> String {
     } else {
         reason.to_owned()
     }
+}
+
+fn add_to(total: &mut Usage, more: Usage) {
+    total.input_tokens += more.input_tokens;
+    total.output_tokens += more.output_tokens;
+    total.tool_calls += more.tool_calls;
 }
 
 fn shared_types(

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-pub use self::core::{Core, Page, RunStart, SteerDelivery};
+pub use self::core::{Core, Page, RunProgress, RunStart, SteerDelivery};
 pub use error::{Error, FieldViolation};
 pub use events::{Event, EventKind, Progress, Subscription};
 pub use types::*;
@@ -105,6 +105,24 @@ impl Scheduler {
         out
     }
 
+    /// Wakes when the run may have gone stale and lets the core decide;
+    /// returns once the core ended the run (or stopped watching), never if
+    /// `[runs] stale_timeout` is off.
+    async fn watch_stale(&self, id: AgentId, progress: &RunProgress) {
+        let timeout = self.inspect(Core::stale_timeout);
+        if timeout.is_zero() {
+            return std::future::pending().await;
+        }
+        let mut due = progress.last() + timeout;
+        loop {
+            tokio::time::sleep_until(due).await;
+            match self.with_core(|c| c.check_stale(id)) {
+                Some(next) => due = next,
+                None => return,
+            }
+        }
+    }
+
     /// Frees a stopped worker run's capacity once its cancel grace passed
     /// (a no-op if the worker confirmed first).
     async fn release_after(self, worker: WorkerId, agent: AgentId, grace: Duration) {
@@ -130,7 +148,7 @@ impl Scheduler {
         let cancel = start.cancel.clone();
         if start.runner == RunnerKind::Worker {
             // A worker's reports reach the core directly (`worker_report`):
-            // this task only keeps the run's deadline.
+            // this task only keeps the run's deadline and stale watch.
             let deadline = match tokio::time::Instant::now().checked_add(start.timeout) {
                 Some(at) => at,
                 None => return,
@@ -138,6 +156,7 @@ impl Scheduler {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {}
+                () = self.watch_stale(id, &start.progress) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     let error = deadline_error(start.timeout);
                     self.with_core(|c| c.finish(id, Err(error)));
@@ -160,6 +179,7 @@ impl Scheduler {
             return;
         };
         let timeout = start.timeout;
+        let progress = start.progress.clone();
         let run = Run {
             agent: start.agent,
             prompt: start.prompt,
@@ -181,6 +201,8 @@ impl Scheduler {
         let outcome = tokio::select! {
             biased;
             () = cancel.cancelled() => return,
+            // Ends only after the core failed the run as STALE.
+            () = self.watch_stale(id, &progress) => return,
             () = deadline => Err(deadline_error(timeout)),
             out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
                 let what = panic
@@ -457,8 +479,9 @@ impl RunReporter {
     /// Reports a tool call: counted in `usage.tool_calls` and streamed to
     /// progress watchers.
     pub fn tool_call(&self, name: &str, input_digest: &str) {
+        // May trip a circuit breaker, which ends the run and frees slots.
         self.scheduler
-            .inspect_mut(|c| c.record_tool_call(self.id, name, input_digest));
+            .with_core(|c| c.record_tool_call(self.id, name, input_digest));
     }
 
     /// Adds token usage or tool calls.
@@ -570,5 +593,89 @@ mod tests {
             CODE_DEADLINE_EXCEEDED
         );
         assert_eq!(s.inspect(|c| c.counters().live_background), 0);
+    }
+
+    fn paused_scheduler(toml: &str) -> Scheduler {
+        Scheduler::new(&crate::config::ConfigSource::from_toml_str(toml).unwrap())
+    }
+
+    async fn settle(s: &Scheduler, id: AgentId) -> AgentView {
+        let (mut agents, timed_out) = s.await_agents(&[id], None, AwaitMode::All).await.unwrap();
+        assert!(!timed_out);
+        agents.pop().unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_reports_nothing_for_the_stale_timeout_fails_stale() {
+        let s = paused_scheduler("[runs]\nstale_timeout = \"10m\"\n");
+        let started = tokio::time::Instant::now();
+        let agent = s
+            .spawn(SpawnSpec {
+                prompt: "output one\nsleep 3600000".into(),
+                ..spec()
+            })
+            .unwrap();
+        // The paused clock jumps ahead whenever everything idles.
+        let ended = settle(&s, agent.id).await;
+        assert_eq!(ended.status, AgentStatus::Failed);
+        let error = ended.error.as_ref().unwrap();
+        assert_eq!(&*error.code, CODE_STALE);
+        assert!(error.message.contains("stale_timeout"), "{}", error.message);
+        assert_eq!(&*ended.result, "one", "what it output is kept");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(600) && waited < Duration::from_secs(601),
+            "stale after {waited:?}"
+        );
+        assert_eq!(s.inspect(|c| c.counters().live_background), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_keep_a_run_fresh_and_waiting_for_approval_is_not_stale() {
+        let s = paused_scheduler("[runs]\nstale_timeout = \"10m\"\n");
+        // Output every 9 minutes: never 10 without a report.
+        let fresh = s
+            .spawn(SpawnSpec {
+                prompt: "sleep 540000\noutput a\nsleep 540000\noutput b\nsleep 540000\nusage 1 1\nsleep 540000".into(),
+                timeout: Some(Duration::from_secs(7200)),
+                ..spec()
+            })
+            .unwrap();
+        let paused = s
+            .spawn(SpawnSpec {
+                prompt: "approve shell\noutput after".into(),
+                timeout: Some(Duration::from_secs(7200)),
+                ..spec()
+            })
+            .unwrap();
+        assert_eq!(settle(&s, fresh.id).await.status, AgentStatus::Done);
+        // 36 minutes later the approval is still pending, not stale.
+        let waiting = s.status(&[paused.id], "id").unwrap().pop().unwrap();
+        assert_eq!(waiting.status, AgentStatus::AwaitingApproval);
+        let approval = waiting.approval.as_ref().unwrap().id;
+        s.approve(
+            paused.id,
+            approval,
+            ApprovalOutcome {
+                approved: true,
+                note: String::new(),
+            },
+        )
+        .unwrap();
+        assert_eq!(settle(&s, paused.id).await.status, AgentStatus::Done);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_timeout_of_zero_is_off() {
+        let s = paused_scheduler("[runs]\nstale_timeout = \"0s\"\n");
+        let agent = s
+            .spawn(SpawnSpec {
+                prompt: "sleep 86400000".into(),
+                timeout: Some(Duration::from_secs(2 * 86400)),
+                ..spec()
+            })
+            .unwrap();
+        let ended = settle(&s, agent.id).await;
+        assert_eq!(ended.status, AgentStatus::Done, "{:?}", ended.error);
     }
 }

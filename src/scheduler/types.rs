@@ -92,6 +92,11 @@ pub const CODE_DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 pub const CODE_CANCELLED: &str = "CANCELLED";
 /// Error code of a run that reported failure.
 pub const CODE_RUN_FAILED: &str = "RUN_FAILED";
+/// Error code of a run stopped by a circuit breaker (`[runs]
+/// max_tool_calls`, `max_identical_tool_calls`).
+pub const CODE_CIRCUIT_BREAKER: &str = "CIRCUIT_BREAKER";
+/// Error code of a run that reported nothing for `[runs] stale_timeout`.
+pub const CODE_STALE: &str = "STALE";
 /// Error code of a run whose worker was lost.
 pub const CODE_WORKER_LOST: &str = "WORKER_LOST";
 
@@ -162,10 +167,13 @@ pub struct AgentView {
     pub result: Arc<str>,
     /// Why it failed or was cancelled.
     pub error: Option<AgentError>,
-    /// Set while awaiting approval.
-    pub approval: Option<Approval>,
+    /// Set while awaiting approval (boxed: rare, and it keeps retained
+    /// records in their allocation size class).
+    pub approval: Option<Arc<Approval>>,
     /// Resources used.
     pub usage: Usage,
+    /// Resources used by the agent and all its descendants.
+    pub total_usage: Usage,
     /// Caller labels.
     pub labels: Labels,
     /// Spawned in the background.
