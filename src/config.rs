@@ -167,6 +167,8 @@ pub enum RunnerKind {
     Worker,
     /// Each run is a child process (`command`).
     Command,
+    /// Each run is a chat completion on an OpenAI-compatible server.
+    Openai,
 }
 
 /// How a command run receives its prompt.
@@ -229,7 +231,34 @@ pub struct AgentTypeConfig {
     /// 1 MiB); the rest is cut with a marker while the run goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// OpenAI runner: the API root, e.g. `http://127.0.0.1:11434/v1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// OpenAI runner: the environment variable holding the API key
+    /// (optional for local servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// OpenAI runner: the system message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// OpenAI runner: `max_tokens` of each completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// OpenAI runner: sampling temperature, 0..=2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// OpenAI runner: `"provider/model"` → the server's model name
+    /// (default: the part after the first `/`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_map: BTreeMap<String, String>,
+    /// OpenAI runner: timeout of one HTTP request, streaming included
+    /// (default 10 min).
+    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<Duration>,
 }
+
+/// Default `request_timeout` of openai runs.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
@@ -268,24 +297,50 @@ impl AgentTypeConfig {
     pub fn max_result_bytes(&self) -> usize {
         self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES)
     }
+
+    /// Timeout of one request of an openai run.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT)
+    }
 }
 
 impl AgentTypeConfig {
     fn validate_command(&self, name: &str) -> Result<(), ConfigError> {
         let key = |k: &str| format!("agents.{name}.{k}");
+        // Keys that belong to one runner are refused for the others.
+        let owned = [
+            (RunnerKind::Command, "command", !self.command.is_empty()),
+            (RunnerKind::Command, "cwd", self.cwd.is_some()),
+            (RunnerKind::Command, "env", !self.env.is_empty()),
+            (RunnerKind::Command, "prompt", self.prompt.is_some()),
+            (RunnerKind::Command, "steer", self.steer.is_some()),
+            (RunnerKind::Command, "kill_grace", self.kill_grace.is_some()),
+            (RunnerKind::Command, "max_result_bytes", self.max_result_bytes.is_some()),
+            (RunnerKind::Openai, "base_url", self.base_url.is_some()),
+            (RunnerKind::Openai, "api_key_env", self.api_key_env.is_some()),
+            (RunnerKind::Openai, "system_prompt", self.system_prompt.is_some()),
+            (RunnerKind::Openai, "max_tokens", self.max_tokens.is_some()),
+            (RunnerKind::Openai, "temperature", self.temperature.is_some()),
+            (RunnerKind::Openai, "model_map", !self.model_map.is_empty()),
+            (RunnerKind::Openai, "request_timeout", self.request_timeout.is_some()),
+        ];
+        if let Some((owner, k, _)) = owned
+            .iter()
+            .find(|(owner, _, set)| *set && *owner != self.runner)
+        {
+            let owner = match owner {
+                RunnerKind::Command => "command",
+                _ => "openai",
+            };
+            return Err(invalid(
+                key(k),
+                format!("applies only to runner = \"{owner}\""),
+            ));
+        }
+        if self.runner == RunnerKind::Openai {
+            return self.validate_openai(name);
+        }
         if self.runner != RunnerKind::Command {
-            let set = [
-                ("command", !self.command.is_empty()),
-                ("cwd", self.cwd.is_some()),
-                ("env", !self.env.is_empty()),
-                ("prompt", self.prompt.is_some()),
-                ("steer", self.steer.is_some()),
-                ("kill_grace", self.kill_grace.is_some()),
-                ("max_result_bytes", self.max_result_bytes.is_some()),
-            ];
-            if let Some((k, _)) = set.iter().find(|(_, set)| *set) {
-                return Err(invalid(key(k), "applies only to runner = \"command\""));
-            }
             return Ok(());
         }
         if self.command.first().is_none_or(|p| p.is_empty()) {
@@ -304,6 +359,36 @@ impl AgentTypeConfig {
         }
         if self.max_result_bytes == Some(0) {
             return Err(invalid(key("max_result_bytes"), "must be ≥ 1"));
+        }
+        Ok(())
+    }
+}
+
+impl AgentTypeConfig {
+    fn validate_openai(&self, name: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("agents.{name}.{k}");
+        let Some(base) = &self.base_url else {
+            return Err(invalid(
+                key("base_url"),
+                "runner = \"openai\" needs the API root, e.g. \"http://127.0.0.1:11434/v1\"",
+            ));
+        };
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(invalid(
+                key("base_url"),
+                format!("must be an http:// or https:// URL (got \"{base}\")"),
+            ));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(invalid(key("max_tokens"), "must be ≥ 1"));
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(invalid(key("temperature"), format!("must be 0..=2 (got {t})")));
+            }
+        }
+        if self.request_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(invalid(key("request_timeout"), "must be > 0"));
         }
         Ok(())
     }

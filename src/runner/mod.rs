@@ -8,6 +8,7 @@
 //! path of their own beyond `Drop`.
 
 pub mod command;
+pub mod openai;
 pub mod simulated;
 
 use std::sync::Arc;
@@ -56,6 +57,10 @@ pub fn builtin(
         (
             RunnerKind::Command,
             Arc::new(command::CommandRunner::new(api_addr)) as Arc<dyn Runner>,
+        ),
+        (
+            RunnerKind::Openai,
+            Arc::new(openai::OpenAiRunner::new()) as Arc<dyn Runner>,
         ),
     ])
 }
