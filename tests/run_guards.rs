@@ -182,3 +182,21 @@ async fn total_usage_adds_up_the_whole_subtree() {
     assert_eq!(total(&ended[2]), own(&ended[2]), "a leaf: its own usage");
     s.handle.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_run_silent_for_the_stale_timeout_fails_stale_and_frees_its_slot() {
+    let mut s = TestServer::start(
+        "[limits]\nmax_background_agents = 1\n[runs]\nstale_timeout = \"300ms\"\n",
+    )
+    .await;
+    let a = spawn(&mut s.client, bg("acme/m1", "output hi\nsleep 600000")).await;
+    let ended = await_all(&mut s.client, &[&a.id]).await;
+    assert_eq!(status(&ended[0]), pb::AgentStatus::Failed, "{:?}", ended[0]);
+    let error = ended[0].error.as_ref().expect("an error");
+    assert_eq!(error.code, "STALE");
+    assert!(error.message.contains("stale_timeout"), "{}", error.message);
+    assert_eq!(ended[0].result, "hi", "what it output is kept");
+    // Its global slot is free again.
+    spawn(&mut s.client, bg("acme/m1", "hi")).await;
+    s.handle.shutdown().await.unwrap();
+}
