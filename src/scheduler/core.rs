@@ -56,6 +56,8 @@ pub struct RunStart {
     pub traceparent: Option<Arc<str>>,
     /// Last-report clock, for the stale watch.
     pub progress: Arc<RunProgress>,
+    /// `[runs] stale_timeout` at the start (zero = off).
+    pub stale_timeout: Duration,
 }
 
 /// Handles the core keeps to talk to a live run.
@@ -892,6 +894,7 @@ impl Core {
                     .as_ref()
                     .map(|r| r.progress.clone())
                     .expect("run controls exist"),
+                stale_timeout: self.runs.stale_timeout,
             };
             self.starts.push(start);
         }
@@ -1120,11 +1123,6 @@ impl Core {
         );
         self.end_run(id, AgentStatus::Failed, error);
         None
-    }
-
-    /// The configured stale timeout (zero = off).
-    pub fn stale_timeout(&self) -> Duration {
-        self.runs.stale_timeout
     }
 
     /// The run asks for approval of a tool call: RUNNING → AWAITING_APPROVAL,

@@ -108,8 +108,7 @@ impl Scheduler {
     /// Wakes when the run may have gone stale and lets the core decide;
     /// returns once the core ended the run (or stopped watching), never if
     /// `[runs] stale_timeout` is off.
-    async fn watch_stale(&self, id: AgentId, progress: &RunProgress) {
-        let timeout = self.inspect(Core::stale_timeout);
+    async fn watch_stale(&self, id: AgentId, progress: &RunProgress, timeout: Duration) {
         if timeout.is_zero() {
             return std::future::pending().await;
         }
@@ -156,7 +155,7 @@ impl Scheduler {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {}
-                () = self.watch_stale(id, &start.progress) => {}
+                () = self.watch_stale(id, &start.progress, start.stale_timeout) => {}
                 () = tokio::time::sleep_until(deadline) => {
                     let error = deadline_error(start.timeout);
                     self.with_core(|c| c.finish(id, Err(error)));
@@ -179,7 +178,7 @@ impl Scheduler {
             return;
         };
         let timeout = start.timeout;
-        let progress = start.progress.clone();
+        let (progress, stale_timeout) = (start.progress.clone(), start.stale_timeout);
         let run = Run {
             agent: start.agent,
             prompt: start.prompt,
@@ -202,7 +201,7 @@ impl Scheduler {
             biased;
             () = cancel.cancelled() => return,
             // Ends only after the core failed the run as STALE.
-            () = self.watch_stale(id, &progress) => return,
+            () = self.watch_stale(id, &progress, stale_timeout) => return,
             () = deadline => Err(deadline_error(timeout)),
             out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
                 let what = panic
