@@ -253,7 +253,11 @@ pub struct AgentTypeConfig {
     pub model_map: BTreeMap<String, String>,
     /// OpenAI runner: timeout of one HTTP request, streaming included
     /// (default 10 min).
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub request_timeout: Option<Duration>,
 }
 
@@ -315,14 +319,34 @@ impl AgentTypeConfig {
             (RunnerKind::Command, "prompt", self.prompt.is_some()),
             (RunnerKind::Command, "steer", self.steer.is_some()),
             (RunnerKind::Command, "kill_grace", self.kill_grace.is_some()),
-            (RunnerKind::Command, "max_result_bytes", self.max_result_bytes.is_some()),
+            (
+                RunnerKind::Command,
+                "max_result_bytes",
+                self.max_result_bytes.is_some(),
+            ),
             (RunnerKind::Openai, "base_url", self.base_url.is_some()),
-            (RunnerKind::Openai, "api_key_env", self.api_key_env.is_some()),
-            (RunnerKind::Openai, "system_prompt", self.system_prompt.is_some()),
+            (
+                RunnerKind::Openai,
+                "api_key_env",
+                self.api_key_env.is_some(),
+            ),
+            (
+                RunnerKind::Openai,
+                "system_prompt",
+                self.system_prompt.is_some(),
+            ),
             (RunnerKind::Openai, "max_tokens", self.max_tokens.is_some()),
-            (RunnerKind::Openai, "temperature", self.temperature.is_some()),
+            (
+                RunnerKind::Openai,
+                "temperature",
+                self.temperature.is_some(),
+            ),
             (RunnerKind::Openai, "model_map", !self.model_map.is_empty()),
-            (RunnerKind::Openai, "request_timeout", self.request_timeout.is_some()),
+            (
+                RunnerKind::Openai,
+                "request_timeout",
+                self.request_timeout.is_some(),
+            ),
         ];
         if let Some((owner, k, _)) = owned
             .iter()
@@ -384,7 +408,10 @@ impl AgentTypeConfig {
         }
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
-                return Err(invalid(key("temperature"), format!("must be 0..=2 (got {t})")));
+                return Err(invalid(
+                    key("temperature"),
+                    format!("must be 0..=2 (got {t})"),
+                ));
             }
         }
         if self.request_timeout.is_some_and(|t| t.is_zero()) {

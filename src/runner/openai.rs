@@ -60,7 +60,11 @@ pub fn server_model(cfg: &AgentTypeConfig, model: &str) -> String {
 
 async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
     let cfg = run.agent_type.clone();
-    let base = cfg.base_url.as_deref().unwrap_or_default().trim_end_matches('/');
+    let base = cfg
+        .base_url
+        .as_deref()
+        .unwrap_or_default()
+        .trim_end_matches('/');
     let request = Request {
         client: &client,
         url: format!("{base}/chat/completions"),
@@ -307,7 +311,10 @@ mod tests {
     fn backoff_doubles_and_honours_retry_after_within_bounds() {
         assert_eq!(backoff(1, None), Duration::from_millis(500));
         assert_eq!(backoff(3, None), Duration::from_secs(2));
-        assert_eq!(backoff(1, Some(Duration::from_secs(7))), Duration::from_secs(7));
+        assert_eq!(
+            backoff(1, Some(Duration::from_secs(7))),
+            Duration::from_secs(7)
+        );
         assert_eq!(backoff(1, Some(Duration::from_secs(600))), MAX_BACKOFF);
         assert_eq!(backoff(30, None), MAX_BACKOFF);
     }
