@@ -104,8 +104,19 @@ async fn run_command(api_addr: Option<String>, mut run: Run) -> RunOutcome {
     let mut exit = None;
     while stdout_open || exit.is_none() {
         tokio::select! {
+            // Not cancel-safe on its own: when another branch wins, the bytes
+            // read so far stay in `line` and the next read continues them.
             read = stdout.read_until(b'\n', &mut line), if stdout_open => match read {
-                Ok(0) | Err(_) => stdout_open = false,
+                Ok(0) | Err(_) => {
+                    stdout_open = false;
+                    // A last line without a newline.
+                    if !line.is_empty() {
+                        if let Some(chunk) = output.push(&String::from_utf8_lossy(&line)) {
+                            run.reporter.output(&chunk);
+                        }
+                        line.clear();
+                    }
+                }
                 Ok(_) => {
                     if let Some(chunk) = output.push(&String::from_utf8_lossy(&line)) {
                         run.reporter.output(&chunk);
