@@ -1100,11 +1100,17 @@ impl Core {
     pub fn check_stale(&mut self, id: AgentId) -> Option<tokio::time::Instant> {
         let timeout = self.runs.stale_timeout;
         let rec = self.agents.get(&id)?;
+        // No run (ended, or a retry replaced it): its task is being stopped.
         let run = rec.run.as_ref()?;
-        if timeout.is_zero() || rec.view.status.is_terminal() {
+        if rec.view.status.is_terminal() {
             return None;
         }
         let now = tokio::time::Instant::now();
+        if timeout.is_zero() {
+            // Turned off by a reload: look again in a day, in case it is
+            // turned back on.
+            return Some(now + Duration::from_secs(86_400));
+        }
         if rec.view.status != AgentStatus::Running {
             // Waiting for a decision or a slot: not the run's fault.
             run.progress.touch();

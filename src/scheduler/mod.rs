@@ -105,19 +105,30 @@ impl Scheduler {
         out
     }
 
-    /// Wakes when the run may have gone stale and lets the core decide;
-    /// returns once the core ended the run (or stopped watching), never if
-    /// `[runs] stale_timeout` is off.
-    async fn watch_stale(&self, id: AgentId, progress: &RunProgress, timeout: Duration) {
-        if timeout.is_zero() {
+    /// The server's side of a run's end, on one timer: resolves `true` when
+    /// the deadline passes (the caller reports DEADLINE_EXCEEDED), or `false`
+    /// once the core ended the run as stale (nothing left to report). Wakes
+    /// early only when the run could be stale, and then lets the core decide.
+    async fn watch(
+        &self,
+        id: AgentId,
+        timeout: Duration,
+        progress: &RunProgress,
+        stale_timeout: Duration,
+    ) -> bool {
+        let Some(deadline) = tokio::time::Instant::now().checked_add(timeout) else {
             return std::future::pending().await;
-        }
-        let mut due = progress.last() + timeout;
+        };
+        let mut stale_due = (!stale_timeout.is_zero()).then(|| progress.last() + stale_timeout);
         loop {
-            tokio::time::sleep_until(due).await;
+            let wake = stale_due.map_or(deadline, |due| due.min(deadline));
+            tokio::time::sleep_until(wake).await;
+            if tokio::time::Instant::now() >= deadline {
+                return true;
+            }
             match self.with_core(|c| c.check_stale(id)) {
-                Some(next) => due = next,
-                None => return,
+                Some(next) => stale_due = Some(next),
+                None => return false,
             }
         }
     }
@@ -148,17 +159,14 @@ impl Scheduler {
         if start.runner == RunnerKind::Worker {
             // A worker's reports reach the core directly (`worker_report`):
             // this task only keeps the run's deadline and stale watch.
-            let deadline = match tokio::time::Instant::now().checked_add(start.timeout) {
-                Some(at) => at,
-                None => return,
-            };
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => {}
-                () = self.watch_stale(id, &start.progress, start.stale_timeout) => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    let error = deadline_error(start.timeout);
-                    self.with_core(|c| c.finish(id, Err(error)));
+                expired = self.watch(id, start.timeout, &start.progress, start.stale_timeout) => {
+                    if expired {
+                        let error = deadline_error(start.timeout);
+                        self.with_core(|c| c.finish(id, Err(error)));
+                    }
                 }
             }
             return;
@@ -191,18 +199,16 @@ impl Scheduler {
             agent_type,
             traceparent: start.traceparent,
         };
-        let deadline = async {
-            match tokio::time::Instant::now().checked_add(timeout) {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         let outcome = tokio::select! {
             biased;
             () = cancel.cancelled() => return,
-            // Ends only after the core failed the run as STALE.
-            () = self.watch_stale(id, &progress, stale_timeout) => return,
-            () = deadline => Err(deadline_error(timeout)),
+            expired = self.watch(id, timeout, &progress, stale_timeout) => {
+                if !expired {
+                    // The core already failed the run as STALE.
+                    return;
+                }
+                Err(deadline_error(timeout))
+            }
             out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
                 let what = panic
                     .downcast_ref::<&str>()
