@@ -304,3 +304,19 @@ async fn usage_adds_up_tokens_and_counts_tool_calls() {
     );
     s.handle.shutdown().await.unwrap();
 }
+
+/// A TOOL_CALL event shows the agent after the call: its usage counts it.
+#[tokio::test]
+async fn a_tool_call_event_shows_the_call_counted() {
+    let mut s = TestServer::start("").await;
+    let mut progress = watch_all(&mut s.client, true).await;
+    let a = spawn(&mut s.client, bg(MODEL, "tool a\ntool b\ntool c")).await;
+    let seen = events_until_done(&mut progress, &a.id).await;
+    let counts: Vec<u64> = seen
+        .iter()
+        .filter(|e| kind(e) == Kind::ToolCall)
+        .map(|e| agent(e).usage.as_ref().expect("usage").tool_calls)
+        .collect();
+    assert_eq!(counts, [1, 2, 3]);
+    s.handle.shutdown().await.unwrap();
+}

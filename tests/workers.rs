@@ -1273,3 +1273,25 @@ async fn the_spawn_calls_trace_context_reaches_the_worker() {
     }
     s.handle.shutdown().await.unwrap();
 }
+
+/// Roots without a lead have no per-parent limit, so however many of them
+/// run, a worker-type root waiting for a worker says so.
+#[tokio::test]
+async fn a_leadless_root_waiting_for_a_worker_names_the_worker_not_a_parent_limit() {
+    let mut s = TestServer::start(
+        "[limits]\nmax_background_agents = 20\nmax_concurrent_per_parent = 3\n\
+         [agents.coder]\nrunner = \"worker\"\n[agents.simulated]\nrunner = \"simulated\"\n",
+    )
+    .await;
+    for _ in 0..4 {
+        let a = spawn(&mut s.client, bg("acme/m1", "wait_steer")).await;
+        assert_eq!(status(&a), pb::AgentStatus::Running);
+    }
+    let waiting = spawn(&mut s.client, worker_bg("coder", "work")).await;
+    assert_eq!(status(&waiting), pb::AgentStatus::Queued);
+    assert_eq!(
+        waiting.queue_reason,
+        "no worker connected for agent type \"coder\""
+    );
+    s.handle.shutdown().await.unwrap();
+}

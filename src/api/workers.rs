@@ -9,7 +9,7 @@ use futures_util::{Stream, StreamExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::convert;
 use crate::pb::{self, worker_service_server::WorkerService};
@@ -114,9 +114,9 @@ impl Session {
             Ok((agent, event)) => {
                 let kind = worker_event_name(&event);
                 if !self.scheduler.worker_report(self.worker_id, agent, event) {
-                    // Normal after a cancel or deadline: the worker had not
-                    // seen the stop yet.
-                    debug!(
+                    // Normal after a cancel or deadline (the worker had not
+                    // seen the stop yet), but worth seeing when it is not.
+                    info!(
                         worker_id = %self.worker_id, %agent, kind,
                         "worker report ignored: not a live run of this worker"
                     );

@@ -1014,8 +1014,16 @@ impl Core {
         }
         let identical = run.identical_calls;
         let total = rec.view.usage.tool_calls + 1;
+        // Counted first, so the TOOL_CALL event shows the agent after it.
+        self.add_usage(
+            id,
+            Usage {
+                tool_calls: 1,
+                ..Usage::default()
+            },
+        );
         if self.events.wants_progress() {
-            let view = rec.view.clone();
+            let view = self.agents[&id].view.clone();
             self.events.publish_progress(
                 Progress::ToolCall {
                     name: name.into(),
@@ -1024,13 +1032,6 @@ impl Core {
                 view,
             );
         }
-        self.add_usage(
-            id,
-            Usage {
-                tool_calls: 1,
-                ..Usage::default()
-            },
-        );
         let (max_total, max_identical) =
             (self.runs.max_tool_calls, self.runs.max_identical_tool_calls);
         let tripped = if max_total != 0 && total > max_total {
@@ -1584,7 +1585,8 @@ impl Core {
             .get(&rec.parent_key)
             .copied()
             .unwrap_or(0);
-        if limit != 0 && running >= limit {
+        // A root without a lead has no per-parent limit.
+        if rec.parent_key != ParentKey::None && limit != 0 && running >= limit {
             return format!("parent limit {running}/{limit}");
         }
         self.worker_reason(rec)
