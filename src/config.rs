@@ -246,7 +246,7 @@ pub struct AgentTypeConfig {
     pub max_tokens: Option<u32>,
     /// OpenAI runner: sampling temperature, 0..=2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     /// OpenAI runner: `"provider/model"` → the server's model name
     /// (default: the part after the first `/`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -85,6 +85,9 @@ impl ServerHandle {
         for task in &self.tasks {
             task.abort();
         }
+        // Programs of command runs got SIGTERM; those that ignore it get
+        // SIGKILL when their kill grace ends, before this process exits.
+        self.scheduler.shutdown_runners().await;
         match tokio::time::timeout(CONNECTION_DRAIN, self.server).await {
             Ok(joined) => joined.context("server task")?.context("server")?,
             Err(_) => warn!("connections did not close in time; exiting anyway"),

@@ -252,6 +252,11 @@ impl FifoReader {
             .expect("fifo reader alive");
     }
 
+    /// Whether every process holding the FIFO is gone within `limit`.
+    async fn closed_within(self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.eof).await.is_ok()
+    }
+
     /// Waits until every process holding the FIFO is gone.
     async fn closed_by_all(self) {
         tokio::time::timeout(GUARD, self.eof)
@@ -862,4 +867,99 @@ command = ["agent"]
     assert!(!p.accepts_steer(), "steer defaults to none");
     assert_eq!(p.kill_grace(), Duration::from_secs(5));
     assert_eq!(p.max_result_bytes(), 1 << 20);
+}
+
+// ----- review fixes ---------------------------------------------------------
+
+/// Server shutdown cancels command runs, and the server waits out their
+/// kill grace: a group that ignores SIGTERM still gets SIGKILL.
+#[tokio::test]
+async fn shutdown_sigkills_a_group_that_ignores_sigterm_before_the_server_exits() {
+    let scratch = Scratch::new();
+    let script = forking_script(&scratch, true);
+    let fifo = scratch.fifo("alive");
+    let mut s = server_with(
+        "fork",
+        &["sh", &script, fifo.to_str().unwrap()],
+        "kill_grace = \"2s\"",
+    )
+    .await;
+    let mut reader = FifoReader::start(fifo);
+    let a = spawn(&mut s.client, cmd("fork", "p")).await;
+    assert_eq!(status(&a), pb::AgentStatus::Running);
+    reader.opened().await;
+    let started = std::time::Instant::now();
+    s.handle.shutdown().await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "shutdown waited out the 2 s grace (took {:?})",
+        started.elapsed()
+    );
+    // When shutdown returns the group is already gone: a server that left
+    // the SIGKILL to a timer would exit with the group still alive.
+    assert!(
+        reader.closed_within(Duration::from_millis(1000)).await,
+        "the group outlived the shutdown"
+    );
+}
+
+/// "Each message written as one line": a multi-line message would become
+/// several lines, so it is refused and nothing reaches the program.
+#[tokio::test]
+async fn a_multi_line_steer_to_a_line_reading_program_is_invalid() {
+    let mut s = server_with(
+        "lines",
+        &[
+            "sh",
+            "-c",
+            "read p; echo \"prompt=$p\"; read s; echo \"steer=$s\"",
+        ],
+        "steer = \"stdin\"",
+    )
+    .await;
+    let a = spawn(&mut s.client, cmd("lines", "plan")).await;
+    let err = s
+        .client
+        .steer(pb::SteerRequest {
+            id: a.id.clone(),
+            message: "one\ntwo".into(),
+        })
+        .await
+        .expect_err("a multi-line steer is refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert_eq!(violated_fields(&err), ["message"]);
+    s.client
+        .steer(pb::SteerRequest {
+            id: a.id.clone(),
+            message: "single".into(),
+        })
+        .await
+        .expect("a one-line steer is delivered");
+    let a = settled(&mut s.client, &a.id).await;
+    assert_done(&a);
+    assert_eq!(a.result, "prompt=plan\nsteer=single\n");
+}
+
+/// Output past the cap is not reported but is still activity: a program
+/// that keeps writing is not taken for stale.
+#[tokio::test]
+async fn output_past_the_cap_keeps_the_run_from_going_stale() {
+    let mut s = TestServer::start(&format!(
+        "[runs]\nstale_timeout = \"1500ms\"\n{}",
+        config(&[(
+            "chatty",
+            &[
+                "sh",
+                "-c",
+                "head -c 300 /dev/zero | tr '\\0' 'x'; echo; \
+                 for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo tick $i; sleep 0.3; done",
+            ],
+            "max_result_bytes = 100",
+        )])
+    ))
+    .await;
+    let a = spawn(&mut s.client, cmd("chatty", "p")).await;
+    let a = settled(&mut s.client, &a.id).await;
+    assert_done(&a);
+    assert!(a.result.contains("[output truncated"), "{}", a.result);
 }

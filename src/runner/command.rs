@@ -8,7 +8,15 @@
 //! server shutdown — the whole group gets SIGTERM and, after the type's
 //! `kill_grace`, SIGKILL, so no grandchild outlives its run.
 
-use std::{collections::VecDeque, net::SocketAddr, process::Stdio, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    process::Stdio,
+    sync::Arc,
+    time::Duration,
+};
+
+use parking_lot::Mutex;
 
 use futures_util::future::BoxFuture;
 use nix::{
@@ -37,6 +45,19 @@ pub const CODE_SPAWN_FAILED: &str = "SPAWN_FAILED";
 pub struct CommandRunner {
     /// `SUBAGENTD_ADDR` for the programs, so they can call the API.
     api_addr: Option<String>,
+    /// Process groups not yet known to be gone, so shutdown can finish
+    /// stopping them (the server must not exit inside a grace period).
+    groups: Groups,
+}
+
+/// Live process groups: pgid → its grace, and when it gets SIGKILL once
+/// stopping began.
+type Groups = Arc<Mutex<HashMap<i32, GroupState>>>;
+
+#[derive(Debug, Clone, Copy)]
+struct GroupState {
+    grace: Duration,
+    kill_at: Option<tokio::time::Instant>,
 }
 
 impl CommandRunner {
@@ -53,22 +74,60 @@ impl CommandRunner {
             }
             format!("http://{a}")
         });
-        Self { api_addr }
+        Self {
+            api_addr,
+            groups: Groups::default(),
+        }
+    }
+
+    /// At server shutdown, after every run was cancelled: waits until each
+    /// program's process group is gone, sending SIGKILL to those still
+    /// there when their `kill_grace` runs out.
+    async fn stop_all_groups(groups: Groups) {
+        loop {
+            let now = tokio::time::Instant::now();
+            let pending = {
+                let mut live = groups.lock();
+                live.retain(|&pgid, state| {
+                    if group_gone(pgid) {
+                        return false;
+                    }
+                    let kill_at = *state.kill_at.get_or_insert_with(|| {
+                        signal_group(pgid, Signal::SIGTERM);
+                        now + state.grace
+                    });
+                    if now >= kill_at {
+                        signal_group(pgid, Signal::SIGKILL);
+                        return false;
+                    }
+                    true
+                });
+                !live.is_empty()
+            };
+            if !pending {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
 impl Runner for CommandRunner {
     fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome> {
-        Box::pin(run_command(self.api_addr.clone(), run))
+        Box::pin(run_command(self.api_addr.clone(), self.groups.clone(), run))
+    }
+
+    fn shutdown(&self) -> BoxFuture<'static, ()> {
+        Box::pin(Self::stop_all_groups(self.groups.clone()))
     }
 }
 
-async fn run_command(api_addr: Option<String>, mut run: Run) -> RunOutcome {
+async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> RunOutcome {
     let cfg = run.agent_type.clone();
     let mut child = spawn(&cfg, api_addr.as_deref(), &run)?;
     // From here on, however this future ends (finished, or dropped on
     // cancel or deadline), the group is stopped.
-    let mut group = GroupGuard::new(&child, cfg.kill_grace());
+    let mut group = GroupGuard::new(&child, cfg.kill_grace(), groups);
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -102,6 +161,9 @@ async fn run_command(api_addr: Option<String>, mut run: Run) -> RunOutcome {
     let mut line = Vec::new();
     let mut stdout_open = true;
     let mut exit = None;
+    // Output past the cap is not reported, but it is still activity: say so
+    // at most once a second so the run is not taken for stale.
+    let mut last_alive = tokio::time::Instant::now();
     while stdout_open || exit.is_none() {
         tokio::select! {
             // Not cancel-safe on its own: when another branch wins, the bytes
@@ -118,8 +180,13 @@ async fn run_command(api_addr: Option<String>, mut run: Run) -> RunOutcome {
                     }
                 }
                 Ok(_) => {
-                    if let Some(chunk) = output.push(&String::from_utf8_lossy(&line)) {
-                        run.reporter.output(&chunk);
+                    match output.push(&String::from_utf8_lossy(&line)) {
+                        Some(chunk) => run.reporter.output(&chunk),
+                        None if last_alive.elapsed() >= Duration::from_secs(1) => {
+                            run.reporter.still_working();
+                            last_alive = tokio::time::Instant::now();
+                        }
+                        None => {}
                     }
                     line.clear();
                 }
@@ -203,8 +270,16 @@ fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Chi
     // Its own process group, so a cancel reaches everything it started.
     .process_group(0)
     .kill_on_drop(false);
-    cmd.spawn()
-        .map_err(|e| AgentError::new(CODE_SPAWN_FAILED, format!("cannot start {program:?}: {e}")))
+    cmd.spawn().map_err(|e| {
+        let place = match &cfg.cwd {
+            Some(cwd) if !cwd.is_dir() => format!(" (cwd {cwd:?} is not a directory)"),
+            _ => String::new(),
+        };
+        AgentError::new(
+            CODE_SPAWN_FAILED,
+            format!("cannot start {program:?}: {e}{place}"),
+        )
+    })
 }
 
 /// Exit 0 → the result; otherwise FAILED `EXIT_<n>` or `SIGNAL_<n>`, with
@@ -318,13 +393,25 @@ impl CappedOutput {
 struct GroupGuard {
     pgid: Option<i32>,
     grace: Duration,
+    groups: Groups,
 }
 
 impl GroupGuard {
-    fn new(child: &Child, grace: Duration) -> Self {
+    fn new(child: &Child, grace: Duration, groups: Groups) -> Self {
+        let pgid = child.id().and_then(|id| i32::try_from(id).ok());
+        if let Some(pgid) = pgid {
+            groups.lock().insert(
+                pgid,
+                GroupState {
+                    grace,
+                    kill_at: None,
+                },
+            );
+        }
         Self {
-            pgid: child.id().and_then(|id| i32::try_from(id).ok()),
+            pgid,
             grace,
+            groups,
         }
     }
 
@@ -334,9 +421,14 @@ impl GroupGuard {
         };
         signal_group(pgid, Signal::SIGTERM);
         let grace = self.grace;
+        if let Some(state) = self.groups.lock().get_mut(&pgid) {
+            state.kill_at = Some(tokio::time::Instant::now() + grace);
+        }
+        let groups = self.groups.clone();
         let kill_later = async move {
             tokio::time::sleep(grace).await;
             signal_group(pgid, Signal::SIGKILL);
+            groups.lock().remove(&pgid);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -352,6 +444,11 @@ impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether no process of the group is left.
+fn group_gone(pgid: i32) -> bool {
+    killpg(Pid::from_raw(pgid), None) == Err(nix::errno::Errno::ESRCH)
 }
 
 fn signal_group(pgid: i32, signal: Signal) {

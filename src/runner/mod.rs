@@ -69,4 +69,11 @@ pub fn builtin(
 pub trait Runner: Send + Sync + 'static {
     /// Runs one agent to completion.
     fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome>;
+
+    /// Called once at server shutdown, after every run was cancelled, for
+    /// what must not be cut short by the process exiting (the command
+    /// runner waits out its programs' kill grace).
+    fn shutdown(&self) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
 }

@@ -1095,6 +1095,14 @@ impl Core {
         true
     }
 
+    /// The run is working without reporting anything that counts as
+    /// progress (e.g. output past its cap): it is not stale.
+    pub fn touch_progress(&mut self, id: AgentId) {
+        if let Some(run) = self.agents.get(&id).and_then(|r| r.run.as_ref()) {
+            run.progress.touch();
+        }
+    }
+
     /// The stale watch of a run woke: if the agent is RUNNING and its run
     /// reported nothing for `[runs] stale_timeout`, it fails with STALE.
     /// Otherwise returns when to look again (None: stop watching).
@@ -1510,6 +1518,22 @@ impl Core {
                 id,
                 agent_type: rec.view.agent.to_string(),
             });
+        }
+        // A program reading steer messages as lines would see this one as
+        // several: refuse it rather than change it.
+        let line_based = self
+            .agent_types
+            .get(&*rec.view.agent)
+            .is_some_and(|t| t.runner == RunnerKind::Command);
+        if line_based && message.contains(['\n', '\r']) {
+            return Err(Error::invalid(
+                "message",
+                format!(
+                    "agent type \"{}\" reads steer messages as lines on standard input: \
+                     the message must be a single line",
+                    rec.view.agent
+                ),
+            ));
         }
         let delivery = match rec.view.status {
             AgentStatus::Running => {

@@ -221,6 +221,13 @@ impl Scheduler {
         self.with_core(|c| c.finish(id, outcome));
     }
 
+    /// Lets every runner finish stopping its runs (see
+    /// [`Runner::shutdown`]); call after [`Scheduler::shut_down`].
+    pub async fn shutdown_runners(&self) {
+        let runners: Vec<_> = self.shared.runners.values().cloned().collect();
+        futures_util::future::join_all(runners.iter().map(|r| r.shutdown())).await;
+    }
+
     /// Registers a connected worker (see [`Core::register_worker`]).
     pub fn register_worker(
         &self,
@@ -479,6 +486,12 @@ impl RunReporter {
     pub fn output(&self, chunk: &str) {
         self.scheduler
             .inspect_mut(|c| c.append_output(self.id, chunk));
+    }
+
+    /// Says the run is still working although it reports nothing (output
+    /// past its cap, say), so it does not count as stale.
+    pub fn still_working(&self) {
+        self.scheduler.inspect_mut(|c| c.touch_progress(self.id));
     }
 
     /// Reports a tool call: counted in `usage.tool_calls` and streamed to
