@@ -316,13 +316,7 @@ async fn a_last_line_without_a_newline_is_kept_in_the_result() {
     let mut events = watch_progress(&mut s.client).await;
     let a = spawn(&mut s.client, cmd("x", "p")).await;
     wait_for_output(&mut events, &a.id, "ready").await;
-    s.client
-        .steer(pb::SteerRequest {
-            id: a.id.clone(),
-            message: "exit now".into(),
-        })
-        .await
-        .expect("steer succeeds");
+    steer(&mut s.client, &a.id, "exit now").await;
     let a = settled(&mut s.client, &a.id).await;
     assert_done(&a);
     assert_eq!(a.result, "ready\npartial", "the partial last line is lost");
@@ -595,15 +589,7 @@ async fn steer_stdin_writes_each_message_as_a_line_to_standard_input() {
         status(&status_of(&mut s.client, &a.id).await),
         pb::AgentStatus::Running
     );
-    let resp = s
-        .client
-        .steer(pb::SteerRequest {
-            id: a.id.clone(),
-            message: "go".into(),
-        })
-        .await
-        .expect("steer succeeds")
-        .into_inner();
+    let resp = steer(&mut s.client, &a.id, "go").await;
     assert_eq!(resp.delivery, pb::SteerDelivery::Delivered as i32);
     let a = settled(&mut s.client, &a.id).await;
     assert_done(&a);
@@ -928,13 +914,7 @@ async fn a_multi_line_steer_to_a_line_reading_program_is_invalid() {
         .expect_err("a multi-line steer is refused");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert_eq!(violated_fields(&err), ["message"]);
-    s.client
-        .steer(pb::SteerRequest {
-            id: a.id.clone(),
-            message: "single".into(),
-        })
-        .await
-        .expect("a one-line steer is delivered");
+    steer(&mut s.client, &a.id, "single").await;
     let a = settled(&mut s.client, &a.id).await;
     assert_done(&a);
     assert_eq!(a.result, "prompt=plan\nsteer=single\n");

@@ -90,17 +90,6 @@ async fn settled(client: &mut Client, id: &str) -> pb::Agent {
         .remove(0)
 }
 
-async fn steer(client: &mut Client, id: &str, message: &str) -> pb::SteerResponse {
-    client
-        .steer(pb::SteerRequest {
-            id: id.to_owned(),
-            message: message.to_owned(),
-        })
-        .await
-        .expect("steer succeeds")
-        .into_inner()
-}
-
 fn delivery(r: &pb::SteerResponse) -> pb::SteerDelivery {
     pb::SteerDelivery::try_from(r.delivery).unwrap()
 }

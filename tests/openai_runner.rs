@@ -709,15 +709,7 @@ async fn a_steer_during_a_completion_becomes_the_next_user_turn() {
     let mut events = watch_progress(&mut s.client).await;
     let a = spawn(&mut s.client, spawn_req("llm", "local/m", "do the task")).await;
     wait_for_output(&mut events, &a.id, "first").await;
-    let steered = s
-        .client
-        .steer(pb::SteerRequest {
-            id: a.id.clone(),
-            message: "also do X".into(),
-        })
-        .await
-        .expect("steer succeeds")
-        .into_inner();
+    let steered = steer(&mut s.client, &a.id, "also do X").await;
     assert_eq!(steered.delivery, pb::SteerDelivery::Delivered as i32);
     gate.notify_one();
     fake.wait_for_request(1).await;

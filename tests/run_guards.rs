@@ -108,15 +108,7 @@ async fn a_tripped_breaker_cancels_the_runs_children_and_frees_its_slots() {
     )
     .await;
     let mut events = watch(&mut s.client, pb::WatchAgentsRequest::default()).await;
-    let steered = s
-        .client
-        .steer(pb::SteerRequest {
-            id: parent.id.clone(),
-            message: "go".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let steered = steer(&mut s.client, &parent.id, "go").await;
     assert_eq!(steered.delivery, pb::SteerDelivery::Delivered as i32);
     let ended = await_all(&mut s.client, &[&parent.id, &child.id]).await;
     assert_eq!(status(&ended[0]), pb::AgentStatus::Cancelled);
@@ -155,13 +147,7 @@ async fn total_usage_adds_up_the_whole_subtree() {
     // The grandchild is done; its usage counts toward its ancestors while
     // they still run. Steer them to finish.
     for id in [&child.id, &root.id] {
-        s.client
-            .steer(pb::SteerRequest {
-                id: id.to_string(),
-                message: "finish".into(),
-            })
-            .await
-            .unwrap();
+        steer(&mut s.client, id, "finish").await;
     }
     let ended = await_all(&mut s.client, &[&root.id, &child.id, &grandchild.id]).await;
     let total = |a: &pb::Agent| {

@@ -138,16 +138,6 @@ fn all_agents() -> pb::WatchAgentsRequest {
     pb::WatchAgentsRequest::default()
 }
 
-async fn steer(client: &mut Client, id: &str, message: &str) {
-    client
-        .steer(pb::SteerRequest {
-            id: id.to_owned(),
-            message: message.to_owned(),
-        })
-        .await
-        .expect("steer succeeds");
-}
-
 fn child(parent: &pb::Agent, prompt: &str) -> pb::SpawnRequest {
     pb::SpawnRequest {
         parent_id: parent.id.clone(),

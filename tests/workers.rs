@@ -219,18 +219,6 @@ async fn spawn_assigned(
     (a, assigned)
 }
 
-/// The Steer RPC, panicking on error.
-async fn steer_rpc(client: &mut Client, id: &str, message: &str) -> pb::SteerResponse {
-    client
-        .steer(pb::SteerRequest {
-            id: id.into(),
-            message: message.into(),
-        })
-        .await
-        .expect("steer succeeds")
-        .into_inner()
-}
-
 /// The Approve RPC, panicking on error; the agent after the decision.
 async fn approve_rpc(
     client: &mut Client,
@@ -567,7 +555,7 @@ async fn a_retried_run_is_assigned_again_with_its_prompt_and_waiting_steers() {
     assert_eq!(assigned.prompt, "review it");
     first.die();
     wait_for_event(&mut events, &a.id, Kind::Retrying).await;
-    let resp = steer_rpc(&mut s.client, &a.id, "while queued").await;
+    let resp = steer(&mut s.client, &a.id, "while queued").await;
     assert_eq!(resp.delivery, pb::SteerDelivery::Buffered as i32);
 
     let mut second = Worker::connect_named(addr, "second", &["reviewer"], 1).await;
@@ -676,7 +664,7 @@ async fn steer_messages_reach_the_worker_now_or_with_the_assignment() {
     let a = spawn(&mut s.client, worker_bg("coder", "steer me")).await;
     assert_eq!(status(&a), pb::AgentStatus::Queued);
     for message in ["first", "second"] {
-        let resp = steer_rpc(&mut s.client, &a.id, message).await;
+        let resp = steer(&mut s.client, &a.id, message).await;
         assert_eq!(resp.delivery, pb::SteerDelivery::Buffered as i32);
         assert_eq!(
             status(resp.agent.as_ref().unwrap()),
@@ -689,7 +677,7 @@ async fn steer_messages_reach_the_worker_now_or_with_the_assignment() {
     assert_eq!(assigned.agent.unwrap().id, a.id);
     assert_eq!(assigned.steer_messages, ["first", "second"]);
 
-    let resp = steer_rpc(&mut s.client, &a.id, "third").await;
+    let resp = steer(&mut s.client, &a.id, "third").await;
     assert_eq!(resp.delivery, pb::SteerDelivery::Delivered as i32);
     let steer = w.steer().await;
     assert_eq!(
@@ -727,7 +715,7 @@ async fn an_approval_request_from_a_worker_is_decided_and_the_decision_sent_back
         );
         assert!(uuid::Uuid::parse_str(&approval.id).is_ok());
         // Steered while paused: buffered, handed over after the decision.
-        let resp = steer_rpc(&mut s.client, &a.id, "meanwhile").await;
+        let resp = steer(&mut s.client, &a.id, "meanwhile").await;
         assert_eq!(resp.delivery, pb::SteerDelivery::Buffered as i32);
 
         let resumed = approve_rpc(&mut s.client, &a.id, &approval.id, decision, note).await;
@@ -1182,7 +1170,7 @@ async fn a_run_queued_after_its_approval_is_retried_when_its_worker_is_lost() {
     assert_eq!((a_now.worker_id.as_str(), a_now.attempt), ("", 1));
 
     // The bucket frees and a worker connects: the run gets its second attempt.
-    steer_rpc(&mut s.client, &blocker.id, "go").await;
+    steer(&mut s.client, &blocker.id, "go").await;
     let blocker = await_all(&mut s.client, &[&blocker.id]).await.remove(0);
     assert_eq!(status(&blocker), pb::AgentStatus::Done);
     let mut second = Worker::connect_named(addr, "second", &["reviewer"], 1).await;
@@ -1235,7 +1223,7 @@ async fn a_done_report_while_the_run_is_queued_after_its_approval_finishes_it() 
         (pb::AgentStatus::Done, "gave up"),
         "{a_now:?}"
     );
-    steer_rpc(&mut s.client, &blocker.id, "go").await;
+    steer(&mut s.client, &blocker.id, "go").await;
     s.handle.shutdown().await.unwrap();
 }
 

@@ -1508,12 +1508,8 @@ impl Core {
             field: "id",
             id: id.to_string(),
         })?;
-        if !rec.view.status.is_terminal()
-            && self
-                .agent_types
-                .get(&*rec.view.agent)
-                .is_some_and(|t| !t.accepts_steer())
-        {
+        let agent_type = self.agent_types.get(&*rec.view.agent);
+        if !rec.view.status.is_terminal() && agent_type.is_some_and(|t| !t.accepts_steer()) {
             return Err(Error::SteerNotAccepted {
                 id,
                 agent_type: rec.view.agent.to_string(),
@@ -1521,10 +1517,7 @@ impl Core {
         }
         // A program reading steer messages as lines would see this one as
         // several: refuse it rather than change it.
-        let line_based = self
-            .agent_types
-            .get(&*rec.view.agent)
-            .is_some_and(|t| t.runner == RunnerKind::Command);
+        let line_based = agent_type.is_some_and(|t| t.runner == RunnerKind::Command);
         if line_based && message.contains(['\n', '\r']) {
             return Err(Error::invalid(
                 "message",

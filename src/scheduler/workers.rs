@@ -191,11 +191,6 @@ impl WorkerPool {
         Some((worker.info, held))
     }
 
-    /// The worker's name, for messages.
-    pub fn name(&self, id: WorkerId) -> Option<&Arc<str>> {
-        self.workers.get(&id).map(|w| &w.info.name)
-    }
-
     /// The agent types a worker serves.
     pub fn agents_of(&self, id: WorkerId) -> &[Arc<str>] {
         self.workers.get(&id).map_or(&[], |w| &w.info.agents)
@@ -261,16 +256,6 @@ impl WorkerPool {
         self.workers
             .get(&worker)
             .is_some_and(|w| w.commands.send(command).is_ok())
-    }
-
-    /// Connected workers.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    /// No worker is connected.
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
     }
 
     /// Every worker's (id, capacity, held runs), for invariant checks.

@@ -245,3 +245,19 @@ pub async fn list_all(
     }
     panic!("listing did not end after 100 pages");
 }
+
+/// Steer, panicking on an error status.
+pub async fn steer(
+    client: &mut AgentServiceClient<Channel>,
+    id: &str,
+    message: &str,
+) -> pb::SteerResponse {
+    client
+        .steer(pb::SteerRequest {
+            id: id.to_owned(),
+            message: message.to_owned(),
+        })
+        .await
+        .expect("steer succeeds")
+        .into_inner()
+}
