@@ -9,3 +9,4 @@ pub mod pb;
 pub mod runner;
 pub mod scheduler;
 pub mod server;
+pub mod telemetry;

@@ -17,6 +17,7 @@ use crate::{
         self, agent_service_server::AgentServiceServer, worker_service_server::WorkerServiceServer,
     },
     scheduler::Scheduler,
+    telemetry::{self, metrics::Metrics, rpc::RpcLayer},
 };
 
 /// Health-service name of the API.
@@ -28,6 +29,7 @@ const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     scheduler: Scheduler,
     source: ConfigSource,
     health: tonic_health::server::HealthReporter,
@@ -40,6 +42,11 @@ impl ServerHandle {
     /// The bound address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the metrics endpoint, if it is on.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The scheduler behind the API.
@@ -103,7 +110,22 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
     let scheduler = Scheduler::with_runners(&config, crate::runner::builtin(Some(addr)));
+    scheduler.set_span_sink(telemetry::run_span_sink());
     let shutdown = CancellationToken::new();
+    let metrics = std::sync::Arc::new(Metrics::new(scheduler.clone()));
+    let mut tasks = Vec::new();
+    let metrics_addr = if config.telemetry.metrics_listen.is_empty() {
+        None
+    } else {
+        let (bound, task) = telemetry::metrics::serve(
+            &config.telemetry.metrics_listen,
+            metrics.clone(),
+            shutdown.clone(),
+        )
+        .await?;
+        tasks.push(task);
+        Some(bound)
+    };
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -120,7 +142,17 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let service = AgentServiceImpl::new(scheduler.clone(), shutdown.clone());
+    let service =
+        AgentServiceImpl::new(scheduler.clone(), shutdown.clone()).with_metrics(metrics.api());
+    let rpc_layer = RpcLayer::new(
+        metrics.api(),
+        &[
+            pb::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ],
+    );
     let workers = WorkerServiceImpl::new(scheduler.clone(), shutdown.clone());
     let (keepalive_interval, keepalive_timeout) = (
         config.server.keepalive_interval,
@@ -146,6 +178,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 // session and fails (or retries) its runs.
                 .http2_keepalive_interval(Some(keepalive_interval))
                 .http2_keepalive_timeout(Some(keepalive_timeout))
+                .layer(rpc_layer)
                 .add_service(health_service)
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
@@ -159,14 +192,20 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 ),
         )
     };
-    info!(%addr, "subagentd listening");
+    info!(
+        %addr,
+        metrics = metrics_addr.map(tracing::field::display),
+        "subagentd listening"
+    );
+    tasks.push(sweeper);
     Ok(ServerHandle {
         addr,
+        metrics_addr,
         scheduler,
         source,
         health,
         shutdown,
-        tasks: vec![sweeper],
+        tasks,
         server,
     })
 }
@@ -183,20 +222,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         print!("{}", config.to_toml());
         return Ok(());
     }
-    init_logging();
+    let telemetry = telemetry::init(&config.telemetry)?;
     let handle = start(config, source).await?;
     wait_for_signals(&handle).await?;
-    handle.shutdown().await
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+    let stopped = handle.shutdown().await;
+    // After the last run ended: its span is in the queue being flushed.
+    telemetry.shutdown();
+    stopped
 }
 
 #[cfg(unix)]

@@ -9,6 +9,7 @@ use prost_types::Timestamp;
 use uuid::Uuid;
 
 use crate::pb;
+use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
     AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error,
     Event, EventKind, FieldViolation, ModelRef, Progress, SpawnSpec, SteerDelivery, Usage,
@@ -191,8 +192,8 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         timeout,
         idempotency_key,
         detached: req.detached,
-        // From the call's metadata, not its message (see `traceparent_from`).
-        traceparent: None,
+        // From the call's metadata and server span, not its message.
+        trace: SpawnTrace::default(),
     })
 }
 
@@ -346,30 +347,11 @@ pub fn parse_steer(req: pb::SteerRequest) -> Result<(AgentId, String), Error> {
     Ok((id.expect("id set when no violation"), req.message))
 }
 
-/// The W3C `traceparent` of a call's metadata, if it carries a valid one
-/// (an invalid one is ignored, as the W3C spec asks, rather than refused).
-pub fn traceparent_from(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
-    let value = metadata.get("traceparent")?.to_str().ok()?.trim();
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, len: usize| {
-        s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    };
-    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
-    let valid = match parts.as_slice() {
-        // Version 00 has exactly four fields; later versions may append more.
-        [version, trace_id, parent_id, flags, rest @ ..] => {
-            hex(version, 2)
-                && *version != "ff"
-                && (*version != "00" || rest.is_empty())
-                && hex(trace_id, 32)
-                && nonzero(trace_id)
-                && hex(parent_id, 16)
-                && nonzero(parent_id)
-                && hex(flags, 2)
-        }
-        _ => false,
-    };
-    valid.then(|| value.to_owned())
+/// The caller's trace context from a call's `traceparent` metadata, if it
+/// carries a valid one (an invalid one is ignored, as the W3C spec asks,
+/// rather than refused).
+pub fn trace_context_from(metadata: &tonic::metadata::MetadataMap) -> Option<TraceContext> {
+    TraceContext::from_traceparent(metadata.get("traceparent")?.to_str().ok()?)
 }
 
 /// Parses an ApproveRequest.
@@ -500,6 +482,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         detached: a.detached,
         queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
         worker_id: a.worker_id.map(|w| w.to_string()).unwrap_or_default(),
+        trace_id: a.trace_id.map(|t| t.to_string()).unwrap_or_default(),
         total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
         bucket: a.bucket.to_string(),
@@ -739,29 +722,19 @@ mod tests {
     }
 
     #[test]
-    fn traceparent_follows_the_w3c_format() {
+    fn a_call_s_traceparent_is_read_and_a_malformed_one_ignored() {
         let with = |v: &str| {
             let mut m = tonic::metadata::MetadataMap::new();
             m.insert("traceparent", v.parse().unwrap());
-            traceparent_from(&m)
+            trace_context_from(&m)
         };
         let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        assert_eq!(with(valid).as_deref(), Some(valid));
-        // A later version may append fields.
-        let future = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra";
-        assert_eq!(with(future).as_deref(), Some(future));
-        for bad in [
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
-            "garbage",
-        ] {
-            assert_eq!(with(bad), None, "{bad}");
-        }
-        assert_eq!(traceparent_from(&tonic::metadata::MetadataMap::new()), None);
+        assert_eq!(with(valid).map(|c| c.traceparent()).as_deref(), Some(valid));
+        assert_eq!(with("garbage"), None);
+        assert_eq!(
+            trace_context_from(&tonic::metadata::MetadataMap::new()),
+            None
+        );
     }
 
     #[test]

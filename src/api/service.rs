@@ -12,9 +12,13 @@ use tokio::sync::broadcast::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::{convert, status::watch_lagged};
+use super::{
+    convert,
+    status::{reason_of, watch_lagged},
+};
 use crate::pb::{self, agent_service_server::AgentService};
-use crate::scheduler::{AgentFilter, Event, Scheduler};
+use crate::scheduler::{trace::SpawnTrace, AgentFilter, Event, Scheduler};
+use crate::telemetry::metrics::ApiMetrics;
 
 /// The gRPC service over a [`Scheduler`].
 #[derive(Debug, Clone)]
@@ -22,6 +26,7 @@ pub struct AgentServiceImpl {
     scheduler: Scheduler,
     /// Cancelled at shutdown so watch streams end cleanly.
     shutdown: CancellationToken,
+    metrics: ApiMetrics,
 }
 
 impl AgentServiceImpl {
@@ -30,7 +35,14 @@ impl AgentServiceImpl {
         Self {
             scheduler,
             shutdown,
+            metrics: ApiMetrics::default(),
         }
+    }
+
+    /// Counts rejected Spawns and lagging watchers into `metrics`.
+    pub fn with_metrics(mut self, metrics: ApiMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -54,6 +66,7 @@ impl AgentServiceImpl {
             filter: q.filter,
             shutdown: self.shutdown.clone(),
             done: false,
+            metrics: self.metrics.clone(),
         };
         Ok(Box::pin(futures_util::stream::unfold(
             state,
@@ -68,14 +81,22 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::SpawnRequest>,
     ) -> Result<Response<pb::SpawnResponse>, Status> {
-        let traceparent = convert::traceparent_from(request.metadata());
-        let mut spec = convert::parse_spawn(request.into_inner())?;
-        spec.traceparent = traceparent;
-        let agent = if spec.background {
-            self.scheduler.spawn(spec)?
-        } else {
-            self.scheduler.spawn_foreground(spec).await?
+        let trace = SpawnTrace {
+            caller: convert::trace_context_from(request.metadata()),
+            rpc: crate::telemetry::current_span_context(),
         };
+        let spawned = match convert::parse_spawn(request.into_inner()) {
+            Ok(mut spec) => {
+                spec.trace = trace;
+                if spec.background {
+                    self.scheduler.spawn(spec)
+                } else {
+                    self.scheduler.spawn_foreground(spec).await
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let agent = spawned.inspect_err(|e| self.metrics.spawn_rejected(reason_of(e)))?;
         Ok(Response::new(pb::SpawnResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
         }))
@@ -189,6 +210,7 @@ struct WatchState {
     resume_after: u64,
     shutdown: CancellationToken,
     done: bool,
+    metrics: ApiMetrics,
 }
 
 impl WatchState {
@@ -226,6 +248,7 @@ impl WatchState {
                 }
                 Err(RecvError::Lagged(missed)) => {
                     self.done = true;
+                    self.metrics.watch_lagged();
                     let status = watch_lagged(missed, self.resume_after);
                     return Some((Err(status), self));
                 }

@@ -46,6 +46,24 @@ fn info(details: &mut ErrorDetails, reason: &str, metadata: &[(&str, String)]) {
     details.set_error_info(reason, DOMAIN, metadata);
 }
 
+/// The ErrorInfo reason of `err` (also the `reason` label of the
+/// rejected-spawn metric).
+pub fn reason_of(err: &Error) -> &'static str {
+    match err {
+        Error::Invalid(_) => REASON_INVALID_REQUEST,
+        Error::UnknownAgentType { .. } => REASON_UNKNOWN_AGENT_TYPE,
+        Error::NotFound { .. } => REASON_AGENT_NOT_FOUND,
+        Error::AgentFinished { .. } => REASON_AGENT_FINISHED,
+        Error::GlobalLimit { .. } => REASON_GLOBAL_LIMIT_REACHED,
+        Error::DepthLimit { .. } => REASON_DEPTH_LIMIT_REACHED,
+        Error::DescendantLimit { .. } => REASON_DESCENDANT_LIMIT_REACHED,
+        Error::ShuttingDown => REASON_SHUTTING_DOWN,
+        Error::SteerNotAccepted { .. } => REASON_STEER_NOT_ACCEPTED,
+        Error::NotAwaitingApproval { .. } => REASON_NOT_AWAITING_APPROVAL,
+        Error::ApprovalMismatch { .. } => REASON_APPROVAL_MISMATCH,
+    }
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let message = err.to_string();

@@ -83,6 +83,7 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("bucket".into(), json!(agent.bucket));
     obj.insert("workerId".into(), json!(agent.worker_id));
     obj.insert("attempt".into(), json!(agent.attempt));
+    obj.insert("traceId".into(), json!(agent.trace_id));
     Value::Object(obj)
 }
 
@@ -235,6 +236,9 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
             agent.worker_id, agent.attempt
         );
     }
+    if !agent.trace_id.is_empty() {
+        let _ = writeln!(out, "  trace: {}", agent.trace_id);
+    }
     if let Some(approval) = &agent.approval {
         let _ = writeln!(
             out,
@@ -385,6 +389,7 @@ mod tests {
             bucket: "anthropic".into(),
             worker_id: String::new(),
             attempt: 1,
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
             total_usage: Some(pb::Usage {
                 input_tokens: 15,
                 output_tokens: 25,
@@ -421,6 +426,7 @@ mod tests {
                 "bucket": "anthropic",
                 "workerId": "",
                 "attempt": 1,
+                "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
                 "totalUsage": {"inputTokens": 15, "outputTokens": 25, "toolCalls": 4},
             })
         );

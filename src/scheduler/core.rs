@@ -23,12 +23,20 @@ use super::{
     inbox::{steer_inbox, SteerInbox, SteerSender},
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
     state::{check_move, Held},
+    stats::Stats,
+    trace::{
+        random_span_id, EndedRun, RunTrace, SpanEventKind, SpanSink, SpawnTrace, TraceContext,
+        TraceId,
+    },
     types::*,
     workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, WorkerPool},
 };
 use foldhash::{HashMap, HashSet};
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig};
+
+/// `tracing` target of the one log line per ended agent.
+pub const LIFECYCLE: &str = "subagentd::lifecycle";
 
 /// Longest accepted `lead_id` and `idempotency_key`, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -52,7 +60,8 @@ pub struct RunStart {
     /// The agent type's config when the run started (None if a reload
     /// removed the type meanwhile).
     pub agent_type: Option<Arc<AgentTypeConfig>>,
-    /// W3C trace context of the Spawn call.
+    /// W3C `traceparent` naming the run's span (or the context it
+    /// inherited when spans are not recorded), for the runner.
     pub traceparent: Option<Arc<str>>,
     /// Last-report clock, for the stale watch.
     pub progress: Arc<RunProgress>,
@@ -146,8 +155,9 @@ struct Record {
     run: Option<Box<RunControl>>,
     children: Vec<AgentId>,
     idempotency_key: Option<Arc<str>>,
-    /// W3C trace context of the Spawn, for the run's worker.
-    traceparent: Option<Arc<str>>,
+    /// The agent's place in a trace (boxed: absent unless tracing is on or
+    /// the Spawn carried a trace context).
+    trace: Option<Box<RunTrace>>,
 }
 
 impl Record {
@@ -236,6 +246,14 @@ pub struct Core {
     grace_timers: Vec<(WorkerId, AgentId, Duration)>,
     /// Set by [`Core::shut_down`]: no more admissions, no more starts.
     closed: bool,
+    /// Numbers for the metrics endpoint.
+    stats: Stats,
+    /// Where run spans go; None = spans are not recorded (trace context
+    /// is still passed through to runners and children).
+    span_sink: Option<Arc<dyn SpanSink>>,
+    /// Agents that ended since the last [`Core::take_ended`], for the
+    /// lifecycle log line and the span export done outside the lock.
+    ended: Vec<EndedRun>,
 }
 
 impl Core {
@@ -272,7 +290,40 @@ impl Core {
             workers: WorkerPool::default(),
             grace_timers: Vec::new(),
             closed: false,
+            stats: Stats::default(),
+            span_sink: None,
+            ended: Vec::new(),
         }
+    }
+
+    /// Records a span per run into `sink` from now on.
+    pub fn set_span_sink(&mut self, sink: Option<Arc<dyn SpanSink>>) {
+        self.span_sink = sink;
+    }
+
+    /// Metrics numbers.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Live background agents (the global cap's usage).
+    pub fn live_background(&self) -> u32 {
+        self.live_background
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Running-agent limit of `bucket` (0 = unlimited).
+    pub fn limit_of_bucket(&self, bucket: &str) -> u32 {
+        self.bucket_limit(bucket)
+    }
+
+    /// WatchAgents subscribers now.
+    pub fn watch_subscribers(&self) -> usize {
+        self.events.subscriber_count()
     }
 
     // ----- configuration -------------------------------------------------
@@ -319,6 +370,8 @@ impl Core {
             if queued && self.queue.remove(seq, &old_key) {
                 self.queue.push(seq, id, new_key);
             }
+            self.stats
+                .rebucketed(&old_key.bucket, &new, rec.view.status);
             if held.bucket {
                 if let Some(n) = self.bucket_running.get_mut(&old_key.bucket) {
                     *n -= 1;
@@ -484,6 +537,13 @@ impl Core {
             });
         }
 
+        let trace = self.trace_for(
+            spec.parent_id
+                .and_then(|p| self.agents.get(&p))
+                .map(|p| &**p),
+            spec.trace,
+            &spec.agent,
+        );
         let id = Uuid::now_v7();
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -518,6 +578,7 @@ impl Core {
             worker_id: None,
             attempt: 0,
             bucket: bucket.clone(),
+            trace_id: trace.as_ref().map(|t| t.context.trace_id),
         };
         let record = Record {
             view,
@@ -530,7 +591,7 @@ impl Core {
             run: None,
             children: Vec::new(),
             idempotency_key: idem_key.clone(),
-            traceparent: spec.traceparent.map(Arc::from),
+            trace,
         };
         if let Some(pid) = spec.parent_id {
             if let Some(p) = self.agents.get_mut(&pid) {
@@ -552,6 +613,7 @@ impl Core {
         self.by_root.insert((rec.view.root_id, seq), id);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
+        self.stats.spawned(&bucket);
 
         let mut dirty = Dirty::default();
         if self.can_start(&self.agents[&id]) {
@@ -563,6 +625,47 @@ impl Core {
         }
         self.drain(dirty);
         Ok((self.view(id).expect("agent was just inserted"), false))
+    }
+
+    /// A new agent's place in a trace: under its parent agent's run span,
+    /// else under the Spawn caller's span, else (when spans are recorded)
+    /// at the root of a new trace.
+    fn trace_for(
+        &self,
+        parent: Option<&Record>,
+        spawn: SpawnTrace,
+        agent: &str,
+    ) -> Option<Box<RunTrace>> {
+        let inherited = match parent {
+            Some(p) => p.trace.as_ref().map(|t| t.context),
+            None => spawn.caller,
+        };
+        let Some(sink) = &self.span_sink else {
+            return inherited.map(|context| {
+                Box::new(RunTrace {
+                    context,
+                    parent: None,
+                    link: None,
+                    recorded: false,
+                    events: Vec::new(),
+                    dropped_events: 0,
+                })
+            });
+        };
+        let trace_id = inherited.map_or_else(TraceId::random, |c| c.trace_id);
+        let sampled = sink.sample(inherited.as_ref(), trace_id, agent);
+        Some(Box::new(RunTrace {
+            context: TraceContext {
+                trace_id,
+                span_id: random_span_id(),
+                sampled,
+            },
+            parent: inherited,
+            link: spawn.rpc,
+            recorded: true,
+            events: Vec::new(),
+            dropped_events: 0,
+        }))
     }
 
     fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
@@ -713,12 +816,24 @@ impl Core {
             self.queue.push(rec.seq, id, key);
         }
         rec.view.status = to;
+        self.stats.moved(&rec.view.bucket, from, to);
         if to != AgentStatus::AwaitingApproval {
             rec.view.approval = None;
         }
         if to.is_terminal() {
             let now = SystemTime::now();
             rec.view.finished_at = Some(now);
+            if let Some(ran) = rec.view.started_at.and_then(|s| now.duration_since(s).ok()) {
+                self.stats.ended(&rec.view.bucket, ran);
+            }
+            if let (AgentStatus::Cancelled, Some(trace)) = (to, rec.trace.as_mut()) {
+                let reason = rec
+                    .view
+                    .error
+                    .as_ref()
+                    .map_or_else(|| Arc::from("cancelled"), |e| Arc::from(&*e.message));
+                trace.push(now, SpanEventKind::Cancelled { reason });
+            }
             rec.prompt = None;
             rec.steer_buffer = Vec::new();
             if let Some(run) = rec.run.take() {
@@ -767,7 +882,37 @@ impl Core {
             }
         }
         self.publish(id, kind);
+        if to.is_terminal() {
+            self.note_ended(id);
+        }
         Ok(())
+    }
+
+    /// Queues an ended agent for its log line and, when its span is
+    /// recorded and sampled, its span export; both happen outside the lock.
+    fn note_ended(&mut self, id: AgentId) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        let trace = match rec.trace.as_mut() {
+            Some(t) if t.recorded && t.context.sampled => Some(RunTrace {
+                events: std::mem::take(&mut t.events),
+                ..(**t).clone()
+            }),
+            _ => None,
+        };
+        if trace.is_some() || tracing::enabled!(target: LIFECYCLE, tracing::Level::INFO) {
+            let agent = rec.view.clone();
+            self.ended.push(EndedRun { agent, trace });
+        }
+    }
+
+    /// Agents that ended since the last call (see [`Core::note_ended`]).
+    pub fn take_ended(&mut self) -> Vec<EndedRun> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// The span sink, for exporting what [`Core::take_ended`] returned.
+    pub fn span_sink(&self) -> Option<&Arc<dyn SpanSink>> {
+        self.span_sink.as_ref()
     }
 
     /// QUEUED (or AWAITING_APPROVAL) → RUNNING, creating the run's controls
@@ -792,6 +937,8 @@ impl Core {
         let now = SystemTime::now();
         if rec.view.started_at.is_none() {
             rec.view.started_at = Some(now);
+            let waited = now.duration_since(rec.view.created_at).unwrap_or_default();
+            self.stats.first_start(&rec.view.bucket, waited);
         }
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
@@ -868,6 +1015,8 @@ impl Core {
         if let Some(steer) = steer_rx {
             // Kept until the agent ends: a retried run needs it again.
             let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
+            let traceparent: Option<Arc<str>> =
+                rec.trace.as_ref().map(|t| t.context.traceparent().into());
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
@@ -876,7 +1025,7 @@ impl Core {
                         prompt: prompt.clone(),
                         steer_messages: waiting_steers,
                         deadline: now + rec.timeout,
-                        traceparent: rec.traceparent.clone(),
+                        traceparent: traceparent.clone(),
                     })),
                 );
             }
@@ -888,7 +1037,7 @@ impl Core {
                 cancel,
                 timeout: rec.timeout,
                 agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
-                traceparent: rec.traceparent.clone(),
+                traceparent,
                 progress: rec
                     .run
                     .as_ref()
@@ -1181,6 +1330,10 @@ impl Core {
             },
         };
         rec.view.approval = Some(Arc::new(approval.clone()));
+        if let Some(trace) = rec.trace.as_mut() {
+            let tool = approval.tool_name.clone();
+            trace.push(SystemTime::now(), SpanEventKind::ApprovalRequested { tool });
+        }
         let mut dirty = Dirty::default();
         self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
             .ok()?;
@@ -1319,6 +1472,10 @@ impl Core {
             run.cancel.cancel();
         }
         let agent_type = rec.view.agent.clone();
+        if let Some(trace) = rec.trace.as_mut() {
+            let attempt = rec.view.attempt + 1;
+            trace.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
+        }
         if rec.view.status == AgentStatus::Queued {
             // Approved and waiting for a slot: it stays queued, now also
             // for a worker (its queue key changes with that).
@@ -1528,6 +1685,7 @@ impl Core {
                 ),
             ));
         }
+        let delivered_bytes = message.len();
         let delivery = match rec.view.status {
             AgentStatus::Running => {
                 match (rec.view.worker_id, &rec.run) {
@@ -1546,6 +1704,10 @@ impl Core {
                         let _ = run.steer.send(message);
                     }
                     (_, None) => {}
+                }
+                if let Some(trace) = rec.trace.as_mut() {
+                    let bytes = delivered_bytes;
+                    trace.push(SystemTime::now(), SpanEventKind::SteerDelivered { bytes });
                 }
                 SteerDelivery::Delivered
             }

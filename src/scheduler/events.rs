@@ -139,6 +139,11 @@ impl EventLog {
         }
     }
 
+    /// Open subscriptions (WatchAgents streams).
+    pub fn subscriber_count(&self) -> usize {
+        self.tx.receiver_count() + self.tx_progress.receiver_count()
+    }
+
     /// Whether some subscriber wants progress events.
     pub fn wants_progress(&self) -> bool {
         self.tx_progress.receiver_count() > 0

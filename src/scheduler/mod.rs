@@ -10,6 +10,8 @@ pub mod events;
 pub mod inbox;
 pub mod queue;
 pub mod state;
+pub mod stats;
+pub mod trace;
 pub mod types;
 pub mod workers;
 
@@ -91,11 +93,22 @@ impl Scheduler {
     /// Runs `f` on the locked core, then starts the runs it admitted. The
     /// lock is released before anything is spawned.
     fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let (out, starts, grace_timers) = {
+        let (out, starts, grace_timers, ended, sink) = {
             let mut core = self.shared.core.lock();
             let out = f(&mut core);
-            (out, core.take_starts(), core.take_grace_timers())
+            let ended = core.take_ended();
+            let sink = (!ended.is_empty())
+                .then(|| core.span_sink().cloned())
+                .flatten();
+            (
+                out,
+                core.take_starts(),
+                core.take_grace_timers(),
+                ended,
+                sink,
+            )
         };
+        report_ended(ended, sink.as_deref());
         for start in starts {
             tokio::spawn(self.clone().drive(start));
         }
@@ -140,9 +153,18 @@ impl Scheduler {
         self.with_core(|c| c.release_worker_slot(worker, agent));
     }
 
-    /// Mutates the core for a change that cannot start runs (run reports).
+    /// Mutates the core for a change that cannot start or end runs (run
+    /// reports such as output).
     fn inspect_mut<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        f(&mut self.shared.core.lock())
+        let mut core = self.shared.core.lock();
+        let out = f(&mut core);
+        debug_assert!(core.take_starts().is_empty() && core.take_ended().is_empty());
+        out
+    }
+
+    /// Records a span per run into `sink` from now on (set before serving).
+    pub fn set_span_sink(&self, sink: Option<Arc<dyn trace::SpanSink>>) {
+        self.shared.core.lock().set_span_sink(sink);
     }
 
     /// Reads the core without starting anything.
@@ -524,6 +546,37 @@ impl RunReporter {
             },
             // Not running: the run is ending and about to be dropped.
             None => std::future::pending().await,
+        }
+    }
+}
+
+/// The lifecycle log line of each ended agent, and the span of each ended
+/// recorded run; done after the core's lock is released (writing a log
+/// line or building a span under it would stall every other caller).
+fn report_ended(ended: Vec<trace::EndedRun>, sink: Option<&dyn trace::SpanSink>) {
+    for run in ended {
+        let a = &run.agent;
+        let ran_ms = a.elapsed(SystemTime::now()).as_millis() as u64;
+        let (code, message) = a
+            .error
+            .as_ref()
+            .map_or(("", ""), |e| (&*e.code, &*e.message));
+        tracing::info!(
+            target: self::core::LIFECYCLE,
+            agent_id = %a.id,
+            parent_id = a.parent_id.map(tracing::field::display),
+            root_id = %a.root_id,
+            agent = %a.agent,
+            model = %a.model,
+            status = a.status.name(),
+            error_code = code,
+            error = message,
+            ran_ms,
+            trace_id = a.trace_id.map(tracing::field::display),
+            "agent ended"
+        );
+        if let (Some(sink), Some(_)) = (sink, &run.trace) {
+            sink.export(run);
         }
     }
 }

@@ -31,6 +31,18 @@ impl AgentStatus {
         matches!(self, Self::Done | Self::Failed | Self::Cancelled)
     }
 
+    /// Upper-case name, as in logs, metrics labels and span attributes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Queued => "QUEUED",
+            Self::Running => "RUNNING",
+            Self::AwaitingApproval => "AWAITING_APPROVAL",
+            Self::Done => "DONE",
+            Self::Failed => "FAILED",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
     /// Terminal or awaiting approval: what Await and foreground Spawn wait for.
     pub fn is_settled(self) -> bool {
         self.is_terminal() || self == Self::AwaitingApproval
@@ -187,6 +199,9 @@ pub struct AgentView {
     /// The worker session holding its run (worker agent types, while the
     /// run is on a worker).
     pub worker_id: Option<Uuid>,
+    /// The trace the agent's run belongs to, if any (tracing on, or the
+    /// Spawn carried a trace context).
+    pub trace_id: Option<super::trace::TraceId>,
     /// Which run this is: 1 for the first, + 1 per retry after a lost
     /// worker; 0 before the first start.
     pub attempt: u32,
@@ -231,8 +246,8 @@ pub struct SpawnSpec {
     pub idempotency_key: Option<String>,
     /// Survives its parent.
     pub detached: bool,
-    /// W3C `traceparent` the Spawn call carried, handed to the run's worker.
-    pub traceparent: Option<String>,
+    /// The trace context the Spawn call carried and its RPC span.
+    pub trace: super::trace::SpawnTrace,
 }
 
 /// Filters of Status and WatchAgents; unset fields match everything.

@@ -23,6 +23,7 @@ impl TestServer {
     pub async fn start(toml: &str) -> Self {
         let mut config: Config = ConfigSource::from_toml_str(toml).expect("test config is valid");
         config.server.listen = "127.0.0.1:0".into();
+        config.telemetry.metrics_listen = "127.0.0.1:0".into();
         Self::start_config(config, ConfigSource::default(), None).await
     }
 
@@ -35,7 +36,8 @@ impl TestServer {
             file: Some(file.path().to_owned()),
             listen: Some("127.0.0.1:0".into()),
         };
-        let config = source.load().expect("test config is valid");
+        let mut config = source.load().expect("test config is valid");
+        config.telemetry.metrics_listen = "127.0.0.1:0".into();
         Self::start_config(config, source, Some(file)).await
     }
 

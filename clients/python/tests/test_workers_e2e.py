@@ -78,6 +78,8 @@ class Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            # Several servers may run at once: no fixed metrics port.
+            env={**os.environ, "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0"},
         )
         lines: "queue.Queue[str]" = queue.Queue()
         self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)

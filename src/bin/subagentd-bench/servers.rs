@@ -123,6 +123,13 @@ impl ServerProcess {
                 command.env_remove(key);
             }
         }
+        // Metrics on a free port; lifecycle log lines (one per ended agent
+        // at info) off: the bench measures scheduling, not log volume.
+        if config.is_some() {
+            command
+                .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+                .env("RUST_LOG", "warn");
+        }
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {label} ({:?})", command.get_program()))?;

@@ -1,0 +1,315 @@
+//! Where runs sit in distributed traces, in domain terms.
+//!
+//! The scheduler decides each run's trace identity when the agent is
+//! admitted (so the record can show its trace id at once and children can
+//! point at it), collects the few events an operator wants on the run's
+//! span, and hands the finished run to a [`SpanSink`]. It knows nothing of
+//! OpenTelemetry: `crate::telemetry` implements the sink and turns these
+//! values into exported spans.
+
+use std::{fmt, num::NonZeroU128, sync::Arc, time::SystemTime};
+
+use super::types::AgentView;
+
+/// A W3C trace id (never all zeroes).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId(NonZeroU128);
+
+impl TraceId {
+    /// The id, or None for the invalid all-zero id.
+    pub fn new(value: u128) -> Option<Self> {
+        NonZeroU128::new(value).map(Self)
+    }
+
+    /// The raw value.
+    pub fn get(self) -> u128 {
+        self.0.get()
+    }
+
+    /// A fresh random id.
+    pub fn random() -> Self {
+        loop {
+            if let Some(id) = Self::new(uuid::Uuid::new_v4().as_u128()) {
+                return id;
+            }
+        }
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// One span's identity in a trace: what `traceparent` carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    /// The trace.
+    pub trace_id: TraceId,
+    /// The span (never zero).
+    pub span_id: u64,
+    /// Whether the trace is sampled (recorded and exported).
+    pub sampled: bool,
+}
+
+impl TraceContext {
+    /// Parses a W3C `traceparent` header value (version 00 layout; later
+    /// versions are read by their first four fields, as the spec asks).
+    pub fn from_traceparent(value: &str) -> Option<Self> {
+        let value = value.trim();
+        let mut parts = value.split('-');
+        let (version, trace, span, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+        let lower = |s: &str| !s.bytes().any(|b| b.is_ascii_uppercase());
+        if !hex(version, 2) || version == "ff" || !hex(trace, 32) || !hex(span, 16) {
+            return None;
+        }
+        if !hex(flags, 2) || !lower(trace) || !lower(span) || !lower(version) {
+            return None;
+        }
+        if version == "00" && parts.next().is_some() {
+            return None;
+        }
+        let trace_id = TraceId::new(u128::from_str_radix(trace, 16).ok()?)?;
+        let span_id = u64::from_str_radix(span, 16).ok().filter(|s| *s != 0)?;
+        let flags = u8::from_str_radix(flags, 16).ok()?;
+        Some(Self {
+            trace_id,
+            span_id,
+            sampled: flags & 1 == 1,
+        })
+    }
+
+    /// The W3C `traceparent` value naming this span as the parent.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{:016x}-{:02x}",
+            self.trace_id,
+            self.span_id,
+            u8::from(self.sampled)
+        )
+    }
+
+    /// A new span in the same trace.
+    pub fn child(&self, sampled: bool) -> Self {
+        Self {
+            trace_id: self.trace_id,
+            span_id: random_span_id(),
+            sampled,
+        }
+    }
+}
+
+/// A fresh random, non-zero span id.
+pub fn random_span_id() -> u64 {
+    loop {
+        // The low half of a v4 UUID: 62 random bits plus fixed variant bits
+        // in the high half, so take the whole value folded.
+        let v = uuid::Uuid::new_v4().as_u128();
+        let id = (v as u64) ^ ((v >> 64) as u64);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// What the Spawn call brought: who called, and from which RPC span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpawnTrace {
+    /// The caller's span (`traceparent` metadata): the parent of a root
+    /// agent's run span.
+    pub caller: Option<TraceContext>,
+    /// The server span of the Spawn RPC itself: the run span links to it.
+    pub rpc: Option<TraceContext>,
+}
+
+/// Something worth a mark on a run's span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpanEventKind {
+    /// A steer message reached the running run.
+    SteerDelivered {
+        /// Length of the message in bytes (not its text: steer messages can
+        /// carry user data, and spans travel to shared backends).
+        bytes: usize,
+    },
+    /// The run asked for a tool-call approval.
+    ApprovalRequested {
+        /// The tool.
+        tool: Arc<str>,
+    },
+    /// The run was cancelled.
+    Cancelled {
+        /// Why.
+        reason: Arc<str>,
+    },
+    /// The run's worker was lost and the run was queued again.
+    Retrying {
+        /// The attempt that will run next.
+        attempt: u32,
+    },
+}
+
+/// A timestamped [`SpanEventKind`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanEvent {
+    /// When it happened.
+    pub at: SystemTime,
+    /// What happened.
+    pub kind: SpanEventKind,
+}
+
+/// Most events kept per run; more are counted as dropped (a client that
+/// steers in a loop must not grow a record without bound).
+pub const MAX_SPAN_EVENTS: usize = 64;
+
+/// One agent's place in a trace, kept on its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTrace {
+    /// The run's own span when spans are recorded; otherwise the context it
+    /// inherited (so runners and children still join the caller's trace).
+    pub context: TraceContext,
+    /// The span this run's span is a child of: the parent agent's run span,
+    /// or the Spawn caller's span for a root.
+    pub parent: Option<TraceContext>,
+    /// The Spawn RPC's server span.
+    pub link: Option<TraceContext>,
+    /// Whether this run gets a span of its own that the sink exports.
+    pub recorded: bool,
+    /// Events for the span, in order.
+    pub events: Vec<SpanEvent>,
+    /// Events beyond [`MAX_SPAN_EVENTS`].
+    pub dropped_events: u32,
+}
+
+impl RunTrace {
+    /// Adds an event (or counts it as dropped past the cap). Only recorded
+    /// runs keep events.
+    pub fn push(&mut self, at: SystemTime, kind: SpanEventKind) {
+        if !self.recorded {
+            return;
+        }
+        if self.events.len() < MAX_SPAN_EVENTS {
+            self.events.push(SpanEvent { at, kind });
+        } else {
+            self.dropped_events += 1;
+        }
+    }
+}
+
+/// A run that reached its terminal state, for the sink.
+#[derive(Debug, Clone)]
+pub struct EndedRun {
+    /// The agent as it ended.
+    pub agent: AgentView,
+    /// Its span, when recorded and sampled (events moved out of the
+    /// record).
+    pub trace: Option<RunTrace>,
+}
+
+/// Where the spans of runs go (implemented by `crate::telemetry`).
+pub trait SpanSink: Send + Sync + fmt::Debug {
+    /// Whether a new run span in `trace_id` under `parent` is sampled.
+    /// Called under the scheduler's lock: must be quick and must not block.
+    fn sample(&self, parent: Option<&TraceContext>, trace_id: TraceId, agent: &str) -> bool;
+
+    /// Exports an ended run whose span is recorded and sampled (`trace` is
+    /// Some). Called outside the lock.
+    fn export(&self, run: EndedRun);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_round_trips_and_rejects_malformed_values() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let cx = TraceContext::from_traceparent(tp).unwrap();
+        assert_eq!(cx.trace_id.get(), 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_eq!(cx.span_id, 0x00f067aa0ba902b7);
+        assert!(cx.sampled);
+        assert_eq!(cx.traceparent(), tp);
+        let unsampled = TraceContext::from_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+        )
+        .unwrap();
+        assert!(!unsampled.sampled);
+        // A later version may append fields.
+        assert!(TraceContext::from_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"
+        )
+        .is_some());
+        for bad in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert_eq!(TraceContext::from_traceparent(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn child_spans_keep_the_trace_and_get_new_ids() {
+        let parent = TraceContext {
+            trace_id: TraceId::random(),
+            span_id: random_span_id(),
+            sampled: true,
+        };
+        let a = parent.child(true);
+        let b = parent.child(false);
+        assert_eq!(a.trace_id, parent.trace_id);
+        assert_ne!(a.span_id, parent.span_id);
+        assert_ne!(a.span_id, b.span_id);
+        assert!(!b.sampled);
+    }
+
+    #[test]
+    fn events_are_capped_and_unrecorded_runs_keep_none() {
+        let cx = TraceContext {
+            trace_id: TraceId::random(),
+            span_id: 1,
+            sampled: true,
+        };
+        let mut t = RunTrace {
+            context: cx,
+            parent: None,
+            link: None,
+            recorded: true,
+            events: Vec::new(),
+            dropped_events: 0,
+        };
+        for _ in 0..MAX_SPAN_EVENTS + 3 {
+            t.push(
+                SystemTime::now(),
+                SpanEventKind::SteerDelivered { bytes: 1 },
+            );
+        }
+        assert_eq!(t.events.len(), MAX_SPAN_EVENTS);
+        assert_eq!(t.dropped_events, 3);
+        let mut quiet = RunTrace {
+            recorded: false,
+            events: Vec::new(),
+            dropped_events: 0,
+            ..t
+        };
+        quiet.push(
+            SystemTime::now(),
+            SpanEventKind::SteerDelivered { bytes: 1 },
+        );
+        assert!(quiet.events.is_empty());
+    }
+}

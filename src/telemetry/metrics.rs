@@ -1,0 +1,403 @@
+//! Prometheus metrics: `GET /metrics` on `[telemetry] metrics_listen`.
+//!
+//! Scheduler numbers (agents per bucket and state, limits, spawned and
+//! finished counters, queue-wait and run-duration histograms) are kept by
+//! the core under the lock it already holds and read here at scrape time,
+//! so admission pays no extra atomics or locks for them. The API's own
+//! numbers (RPCs, rejections, lagging watchers) are prometheus-client
+//! metrics updated where they happen.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use prometheus_client::{
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _, NoLabelSet},
+    metrics::{
+        counter::Counter, family::Family, gauge::ConstGauge, histogram::Histogram, MetricType,
+    },
+    registry::{Registry, Unit},
+};
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::scheduler::{
+    stats::{Histogram as CoreHistogram, FINISHED_STATUSES},
+    Scheduler,
+};
+
+/// Labels of the RPC metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// Fully qualified service, e.g. `subagents.v1.AgentService`.
+    pub service: &'static str,
+    /// Method, e.g. `Spawn` (`unknown` for a path no service serves).
+    pub method: &'static str,
+    /// gRPC status code name, e.g. `OK`, `RESOURCE_EXHAUSTED`.
+    pub code: &'static str,
+}
+
+/// Labels of the rejected-spawn counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The ErrorInfo reason, e.g. `GLOBAL_LIMIT_REACHED`.
+    pub reason: &'static str,
+}
+
+/// RPC latency buckets, in seconds.
+const RPC_BOUNDS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0, 60.0,
+];
+
+/// The metrics the API layer updates. Cheap to clone (shared counters);
+/// the default is a set nobody scrapes.
+#[derive(Debug, Clone)]
+pub struct ApiMetrics {
+    rpc_requests: Family<RpcLabels, Counter>,
+    rpc_duration: Family<RpcLabels, Histogram>,
+    rejected: Family<ReasonLabels, Counter>,
+    watch_lagged: Counter,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        Self {
+            rpc_requests: Family::default(),
+            rpc_duration: Family::new_with_constructor(|| Histogram::new(RPC_BOUNDS)),
+            rejected: Family::default(),
+            watch_lagged: Counter::default(),
+        }
+    }
+}
+
+impl ApiMetrics {
+    /// One RPC ended with `labels.code` after `elapsed`.
+    pub fn rpc(&self, labels: &RpcLabels, elapsed: Duration) {
+        self.rpc_requests.get_or_create(labels).inc();
+        self.rpc_duration
+            .get_or_create(labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A Spawn was refused with `reason`.
+    pub fn spawn_rejected(&self, reason: &'static str) {
+        self.rejected.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// A WatchAgents subscriber was cut off for falling behind.
+    pub fn watch_lagged(&self) {
+        self.watch_lagged.inc();
+    }
+}
+
+/// Every metric, ready to encode.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    api: ApiMetrics,
+}
+
+impl Metrics {
+    /// Metrics over `scheduler`'s numbers and a fresh set of API metrics.
+    pub fn new(scheduler: Scheduler) -> Self {
+        let api = ApiMetrics::default();
+        let mut registry = Registry::with_prefix("subagentd");
+        registry.register(
+            "rpc_requests",
+            "gRPC calls handled, by service, method and status code",
+            api.rpc_requests.clone(),
+        );
+        registry.register_with_unit(
+            "rpc_duration",
+            "gRPC call latency (for streams, until the stream ends), by service, method and status code",
+            Unit::Seconds,
+            api.rpc_duration.clone(),
+        );
+        registry.register(
+            "agents_rejected",
+            "Spawn calls refused, by ErrorInfo reason",
+            api.rejected.clone(),
+        );
+        registry.register(
+            "watch_subscribers_lagged",
+            "WatchAgents subscribers cut off (RESOURCE_EXHAUSTED WATCH_LAGGED) for falling behind",
+            api.watch_lagged.clone(),
+        );
+        registry.register_collector(Box::new(SchedulerCollector { scheduler }));
+        Self { registry, api }
+    }
+
+    /// The handles the API layer updates.
+    pub fn api(&self) -> ApiMetrics {
+        self.api.clone()
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Reads the scheduler's numbers at scrape time.
+#[derive(Debug)]
+struct SchedulerCollector {
+    scheduler: Scheduler,
+}
+
+/// What one scrape copies out of the core (the lock is held only for the
+/// copy, not for the encoding).
+struct Snapshot {
+    buckets: Vec<BucketRow>,
+    live_background: u32,
+    limits: Vec<(&'static str, u32)>,
+    watch_subscribers: usize,
+}
+
+struct BucketRow {
+    bucket: String,
+    limit: u32,
+    queued: u32,
+    running: u32,
+    awaiting: u32,
+    spawned: u64,
+    finished: [u64; 3],
+    queue_wait: CoreHistogram,
+    run_duration: CoreHistogram,
+}
+
+impl SchedulerCollector {
+    fn snapshot(&self) -> Snapshot {
+        self.scheduler.inspect(|core| {
+            let l = core.limits();
+            let mut buckets: Vec<BucketRow> = core
+                .stats()
+                .buckets()
+                .map(|(key, s)| BucketRow {
+                    bucket: key.to_string(),
+                    limit: core.limit_of_bucket(key),
+                    queued: s.queued,
+                    running: s.running,
+                    awaiting: s.awaiting_approval,
+                    spawned: s.spawned,
+                    finished: s.finished,
+                    queue_wait: s.queue_wait.clone(),
+                    run_duration: s.run_duration.clone(),
+                })
+                .collect();
+            buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+            Snapshot {
+                buckets,
+                live_background: core.live_background(),
+                limits: vec![
+                    ("max_background_agents", l.max_background_agents),
+                    ("default_concurrency", l.default_concurrency),
+                    ("max_concurrent_per_parent", l.max_concurrent_per_parent),
+                    ("max_depth", l.max_depth),
+                    (
+                        "max_live_descendants_per_root",
+                        l.max_live_descendants_per_root,
+                    ),
+                ],
+                watch_subscribers: core.watch_subscribers(),
+            }
+        })
+    }
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(&[(&str, &str)], i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in rows {
+        ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn histogram(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(&str, &CoreHistogram)],
+) -> Result<(), std::fmt::Error> {
+    let unit = Unit::Seconds;
+    let mut metric = encoder.encode_descriptor(name, help, Some(&unit), MetricType::Histogram)?;
+    for (bucket, h) in rows {
+        let labels = [("bucket", *bucket)];
+        metric
+            .encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(h.sum(), h.count(), &h.cumulative(), None)?;
+    }
+    Ok(())
+}
+
+impl prometheus_client::collector::Collector for SchedulerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.snapshot();
+        let states = |r: &BucketRow| {
+            [
+                ("queued", r.queued),
+                ("running", r.running),
+                ("awaiting_approval", r.awaiting),
+            ]
+        };
+        let mut per_bucket: Vec<([(&str, &str); 2], i64)> = Vec::new();
+        let mut global = [0i64; 3];
+        for r in &s.buckets {
+            for (i, (state, n)) in states(r).into_iter().enumerate() {
+                per_bucket.push(([("bucket", &r.bucket), ("state", state)], i64::from(n)));
+                global[i] += i64::from(n);
+            }
+        }
+        let rows: Vec<(&[(&str, &str)], i64)> =
+            per_bucket.iter().map(|(l, v)| (&l[..], *v)).collect();
+        gauge(
+            &mut encoder,
+            "bucket_agents",
+            "Live agents per bucket and state (queued, running, awaiting_approval)",
+            &rows,
+        )?;
+        let global_rows: Vec<([(&str, &str); 1], i64)> = ["queued", "running", "awaiting_approval"]
+            .into_iter()
+            .zip(global)
+            .map(|(state, n)| ([("state", state)], n))
+            .collect();
+        let rows: Vec<(&[(&str, &str)], i64)> =
+            global_rows.iter().map(|(l, v)| (&l[..], *v)).collect();
+        gauge(
+            &mut encoder,
+            "agents",
+            "Live agents across all buckets, by state",
+            &rows,
+        )?;
+        gauge(
+            &mut encoder,
+            "background_agents",
+            "Live background agents: the usage of [limits] max_background_agents",
+            &[(&[], i64::from(s.live_background))],
+        )?;
+        let limit_rows: Vec<([(&str, &str); 1], i64)> = s
+            .limits
+            .iter()
+            .map(|(name, v)| ([("limit", *name)], i64::from(*v)))
+            .collect();
+        let rows: Vec<(&[(&str, &str)], i64)> =
+            limit_rows.iter().map(|(l, v)| (&l[..], *v)).collect();
+        gauge(
+            &mut encoder,
+            "limit",
+            "Configured value of each [limits] key (0 = unlimited where the key allows it)",
+            &rows,
+        )?;
+        let bucket_limits: Vec<([(&str, &str); 1], i64)> = s
+            .buckets
+            .iter()
+            .map(|r| ([("bucket", r.bucket.as_str())], i64::from(r.limit)))
+            .collect();
+        let rows: Vec<(&[(&str, &str)], i64)> =
+            bucket_limits.iter().map(|(l, v)| (&l[..], *v)).collect();
+        gauge(
+            &mut encoder,
+            "bucket_limit",
+            "Running-agent limit of each bucket (model entry, provider entry or default; 0 = unlimited)",
+            &rows,
+        )?;
+        gauge(
+            &mut encoder,
+            "watch_subscribers",
+            "Open WatchAgents streams",
+            &[(&[], s.watch_subscribers as i64)],
+        )?;
+
+        let mut spawned = encoder.encode_descriptor(
+            "agents_spawned",
+            "Agents admitted, by bucket",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in &s.buckets {
+            let labels = [("bucket", r.bucket.as_str())];
+            spawned
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&r.spawned, None)?;
+        }
+        let mut finished = encoder.encode_descriptor(
+            "agents_finished",
+            "Agents ended, by bucket and terminal status (DONE, FAILED, CANCELLED)",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in &s.buckets {
+            for (status, n) in FINISHED_STATUSES.iter().zip(r.finished) {
+                let labels = [("bucket", r.bucket.as_str()), ("status", status.name())];
+                finished
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+            }
+        }
+        let waits: Vec<(&str, &CoreHistogram)> = s
+            .buckets
+            .iter()
+            .map(|r| (r.bucket.as_str(), &r.queue_wait))
+            .collect();
+        histogram(
+            &mut encoder,
+            "queue_wait",
+            "Time from admission to first start, by bucket",
+            &waits,
+        )?;
+        let runs: Vec<(&str, &CoreHistogram)> = s
+            .buckets
+            .iter()
+            .map(|r| (r.bucket.as_str(), &r.run_duration))
+            .collect();
+        histogram(
+            &mut encoder,
+            "run_duration",
+            "Time from first start to the end, by bucket",
+            &runs,
+        )
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until `shutdown`. Returns the bound
+/// address (useful with port 0) and the server task.
+pub async fn serve(
+    addr: &str,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ([telemetry] metrics_listen)"))?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    Ok((bound, task))
+}
