@@ -482,6 +482,7 @@ mod tests {
             [
                 "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a  failed               1m01s  coder  anthropic/claude-sonnet-4",
                 "  description: fix the build",
+                "  trace: 4bf92f3577b34da6a3ce929d0e0e4736",
                 "  error: DEADLINE_EXCEEDED: run exceeded 1m",
                 "  result:",
                 "    line one",

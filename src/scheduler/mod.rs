@@ -556,11 +556,12 @@ impl RunReporter {
 fn report_ended(ended: Vec<trace::EndedRun>, sink: Option<&dyn trace::SpanSink>) {
     for run in ended {
         let a = &run.agent;
-        let ran_ms = a.elapsed(SystemTime::now()).as_millis() as u64;
-        let (code, message) = a
-            .error
+        let span_id = run
+            .trace
             .as_ref()
-            .map_or(("", ""), |e| (&*e.code, &*e.message));
+            .map(|t| format!("{:016x}", t.context.span_id));
+        let ran_ms = a.elapsed(SystemTime::now()).as_millis() as u64;
+        let (code, message) = a.error.as_ref().map(|e| (&*e.code, &*e.message)).unzip();
         tracing::info!(
             target: self::core::LIFECYCLE,
             agent_id = %a.id,
@@ -573,6 +574,7 @@ fn report_ended(ended: Vec<trace::EndedRun>, sink: Option<&dyn trace::SpanSink>)
             error = message,
             ran_ms,
             trace_id = a.trace_id.map(tracing::field::display),
+            span_id = span_id.as_deref(),
             "agent ended"
         );
         if let (Some(sink), Some(_)) = (sink, &run.trace) {

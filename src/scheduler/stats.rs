@@ -60,18 +60,14 @@ impl Histogram {
         self.count
     }
 
-    /// Cumulative `(upper bound, count ≤ bound)` pairs, +Inf last.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut total = 0;
+    /// `(upper bound, observations in (previous bound, bound])` pairs,
+    /// +Inf last: per bucket, not cumulative (the encoder accumulates).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
         self.bounds
             .iter()
             .copied()
             .chain(std::iter::once(f64::INFINITY))
-            .zip(&self.counts)
-            .map(|(bound, n)| {
-                total += n;
-                (bound, total)
-            })
+            .zip(self.counts.iter().copied())
             .collect()
     }
 }
@@ -200,12 +196,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_buckets_are_cumulative_and_inclusive() {
+    fn histogram_buckets_count_per_bound_and_bounds_are_inclusive() {
         let mut h = Histogram::new(&[1.0, 2.0]);
         h.observe(Duration::from_millis(500));
         h.observe(Duration::from_secs(1)); // on the bound: counted in `le=1`
         h.observe(Duration::from_secs(3));
-        assert_eq!(h.cumulative(), vec![(1.0, 2), (2.0, 2), (f64::INFINITY, 3)]);
+        assert_eq!(h.buckets(), vec![(1.0, 2), (2.0, 0), (f64::INFINITY, 1)]);
         assert_eq!(h.count(), 3);
         assert!((h.sum() - 4.5).abs() < 1e-9);
     }

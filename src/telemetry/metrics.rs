@@ -231,7 +231,7 @@ fn histogram(
         let labels = [("bucket", *bucket)];
         metric
             .encode_family(&labels)?
-            .encode_histogram::<NoLabelSet>(h.sum(), h.count(), &h.cumulative(), None)?;
+            .encode_histogram::<NoLabelSet>(h.sum(), h.count(), &h.buckets(), None)?;
     }
     Ok(())
 }

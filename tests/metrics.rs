@@ -1,0 +1,201 @@
+//! The Prometheus endpoint, scraped over HTTP during a scenario.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use subagentd::pb;
+use tonic::Code;
+
+/// One scrape: `name{labels}` → value, as the text exposition prints them.
+async fn scrape(s: &TestServer) -> HashMap<String, f64> {
+    let addr = s.handle.metrics_addr().expect("metrics endpoint on");
+    let response = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape answers");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let body = response.text().await.unwrap();
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("series value");
+            (series.to_owned(), value.parse().expect("numeric value"))
+        })
+        .collect()
+}
+
+fn value(scrape: &HashMap<String, f64>, series: &str) -> f64 {
+    *scrape
+        .get(series)
+        .unwrap_or_else(|| panic!("no {series} in {:#?}", scrape.keys().collect::<Vec<_>>()))
+}
+
+const CONFIG: &str = "\
+[limits]
+max_background_agents = 3
+max_concurrent_per_parent = 0
+[limits.model_concurrency]
+\"acme/slow\" = 1
+";
+
+#[tokio::test]
+async fn a_scrape_shows_queued_agents_rejections_and_run_histograms() {
+    let mut s = TestServer::start(CONFIG).await;
+    let mut watch_client = s.new_client().await;
+    let mut events = watch(
+        &mut watch_client,
+        pb::WatchAgentsRequest {
+            ..Default::default()
+        },
+    )
+    .await;
+
+    // One runs in the bucket of limit 1, two wait behind it.
+    let first = spawn(&mut s.client, bg("acme/slow", "wait_steer")).await;
+    let second = spawn(&mut s.client, bg("acme/slow", "wait_steer")).await;
+    let third = spawn(&mut s.client, bg("acme/slow", "done")).await;
+    let m = scrape(&s).await;
+    let bucket =
+        |state: &str| format!("subagentd_bucket_agents{{bucket=\"acme/slow\",state=\"{state}\"}}");
+    assert_eq!(value(&m, &bucket("running")), 1.0);
+    assert_eq!(value(&m, &bucket("queued")), 2.0);
+    assert_eq!(value(&m, "subagentd_agents{state=\"queued\"}"), 2.0);
+    assert_eq!(value(&m, "subagentd_background_agents"), 3.0);
+    assert_eq!(
+        value(&m, "subagentd_bucket_limit{bucket=\"acme/slow\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "subagentd_limit{limit=\"max_background_agents\"}"),
+        3.0
+    );
+    assert_eq!(value(&m, "subagentd_watch_subscribers"), 1.0);
+
+    // The global cap: refused at once, counted by reason.
+    let refused = s
+        .client
+        .spawn(bg("acme/other", "x"))
+        .await
+        .expect_err("over the global cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    let m = scrape(&s).await;
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_agents_rejected_total{reason=\"GLOBAL_LIMIT_REACHED\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_rpc_requests_total{service=\"subagents.v1.AgentService\",method=\"Spawn\",code=\"RESOURCE_EXHAUSTED\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_rpc_requests_total{service=\"subagents.v1.AgentService\",method=\"Spawn\",code=\"OK\"}"
+        ),
+        3.0
+    );
+
+    // Let all three run to the end.
+    steer(&mut s.client, &first.id, "go").await;
+    wait_for_event(&mut events, &second.id, pb::AgentEventKind::Started).await;
+    steer(&mut s.client, &second.id, "go").await;
+    await_all(&mut s.client, &[&first.id, &second.id, &third.id]).await;
+    let m = scrape(&s).await;
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_queue_wait_seconds_count{bucket=\"acme/slow\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_run_duration_seconds_count{bucket=\"acme/slow\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_queue_wait_seconds_bucket{le=\"+Inf\",bucket=\"acme/slow\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_agents_finished_total{bucket=\"acme/slow\",status=\"DONE\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        value(&m, "subagentd_agents_spawned_total{bucket=\"acme/slow\"}"),
+        3.0
+    );
+    assert_eq!(value(&m, &bucket("running")), 0.0);
+    assert_eq!(value(&m, &bucket("queued")), 0.0);
+    assert_eq!(value(&m, "subagentd_background_agents"), 0.0);
+    // The queued agents waited; the histogram's sum says so.
+    assert!(value(&m, "subagentd_queue_wait_seconds_sum{bucket=\"acme/slow\"}") > 0.0);
+    // Await and Steer are counted too (the watch stream is still open).
+    assert!(
+        value(
+            &m,
+            "subagentd_rpc_requests_total{service=\"subagents.v1.AgentService\",method=\"Steer\",code=\"OK\"}"
+        ) >= 2.0
+    );
+    drop(events);
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unknown_path_is_not_a_metrics_label_and_other_paths_are_404() {
+    let s = TestServer::start("").await;
+    let addr = s.handle.metrics_addr().unwrap();
+    let other = reqwest::get(format!("http://{addr}/other")).await.unwrap();
+    assert_eq!(other.status(), 404);
+    // A method no service serves: UNIMPLEMENTED, labelled "unknown".
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.handle.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/made.Up/Method");
+    let err = grpc
+        .unary::<_, pb::StatusResponse, _>(
+            tonic::Request::new(pb::StatusRequest::default()),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(err.code(), Code::Unimplemented);
+    let m = scrape(&s).await;
+    assert_eq!(
+        value(
+            &m,
+            "subagentd_rpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"UNIMPLEMENTED\"}"
+        ),
+        1.0
+    );
+    assert!(m.keys().all(|k| !k.contains("made.Up")));
+}
