@@ -184,7 +184,7 @@ impl TelemetryConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let e = self.otlp_endpoint.trim();
-        if !e.is_empty() && !(e.starts_with("http://") || e.starts_with("https://")) {
+        if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
             return Err(invalid(
                 "telemetry.otlp_endpoint",
                 format!("must be an http:// or https:// URL (got {e:?})"),
@@ -922,6 +922,82 @@ mod tests {
             assert_eq!(c.server.listen, "127.0.0.1:2");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn otel_variables_override_the_file_and_subagentd_variables_override_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[telemetry]\notlp_endpoint = \"http://file:4317\"\nservice_name = \"from-file\"\n\
+             traces_sampler_arg = 0.25\nlog_format = \"json\"\n",
+        )
+        .unwrap();
+        figment::Jail::expect_with(|jail| {
+            let source = ConfigSource {
+                file: Some(path.clone()),
+                listen: None,
+            };
+            let c = source.load().map_err(|e| e.to_string())?;
+            assert_eq!(c.telemetry.otlp_endpoint, "http://file:4317");
+            assert_eq!(
+                c.telemetry.traces_sampler_arg, "0.25",
+                "a bare number is read"
+            );
+            assert_eq!(c.telemetry.log_format, LogFormat::Json);
+            assert_eq!(c.telemetry.metrics_listen, DEFAULT_METRICS_LISTEN);
+            jail.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317");
+            jail.set_env("OTEL_SERVICE_NAME", "from-env");
+            jail.set_env("OTEL_RESOURCE_ATTRIBUTES", "a=1,b=two");
+            jail.set_env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
+            jail.set_env("OTEL_TRACES_SAMPLER_ARG", "0.5");
+            jail.set_env("SUBAGENTD_TELEMETRY__SERVICE_NAME", "from-subagentd-env");
+            let c = source.load().map_err(|e| e.to_string())?;
+            assert_eq!(c.telemetry.otlp_endpoint, "http://env:4317");
+            assert_eq!(c.telemetry.service_name, "from-subagentd-env");
+            assert_eq!(
+                c.telemetry.resource_pairs(),
+                vec![("a".into(), "1".into()), ("b".into(), "two".into())]
+            );
+            assert_eq!(c.telemetry.traces_sampler, "parentbased_traceidratio");
+            assert!((c.telemetry.sampler_ratio() - 0.5).abs() < 1e-12);
+            jail.set_env("OTEL_TRACES_SAMPLER", "sometimes");
+            let err = source.load().expect_err("unknown sampler").to_string();
+            assert!(err.contains("telemetry.traces_sampler"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_telemetry_values_name_their_key() {
+        for (toml, key) in [
+            (
+                "otlp_endpoint = \"collector:4317\"",
+                "telemetry.otlp_endpoint",
+            ),
+            (
+                "traces_sampler_arg = \"1.5\"",
+                "telemetry.traces_sampler_arg",
+            ),
+            (
+                "resource_attributes = \"novalue\"",
+                "telemetry.resource_attributes",
+            ),
+            (
+                "metrics_listen = \"everywhere\"",
+                "telemetry.metrics_listen",
+            ),
+            ("service_name = \" \"", "telemetry.service_name"),
+        ] {
+            let err = ConfigSource::from_toml_str(&format!("[telemetry]\n{toml}\n"))
+                .expect_err(toml)
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+        let off = ConfigSource::from_toml_str("[telemetry]\nmetrics_listen = \"\"\n").unwrap();
+        assert!(off.telemetry.metrics_listen.is_empty());
     }
 
     #[test]

@@ -1370,6 +1370,27 @@ impl Harness {
             counters.queued, queued,
             "{ctx}: queue length vs QUEUED agents"
         );
+        // The metrics gauges (live agents per bucket and state) follow every
+        // transition, reload moves included.
+        let mut by_bucket: std::collections::BTreeMap<String, [u32; 3]> = Default::default();
+        for id in &self.order {
+            let view = self.core.view(*id).expect("known agent");
+            let slot = match view.status {
+                AgentStatus::Queued => 0,
+                AgentStatus::Running => 1,
+                AgentStatus::AwaitingApproval => 2,
+                _ => continue,
+            };
+            by_bucket.entry(view.bucket.to_string()).or_default()[slot] += 1;
+        }
+        let gauges: std::collections::BTreeMap<String, [u32; 3]> = self
+            .core
+            .stats()
+            .buckets()
+            .map(|(b, st)| (b.to_string(), [st.queued, st.running, st.awaiting_approval]))
+            .filter(|(_, g)| *g != [0, 0, 0])
+            .collect();
+        assert_eq!(gauges, by_bucket, "{ctx}: per-bucket gauges vs records");
         let live_background = self
             .agents
             .values()

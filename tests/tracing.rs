@@ -35,10 +35,13 @@ const WAIT: Duration = Duration::from_secs(20);
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// Every span received, with its resource's attributes.
+/// A received span and its resource's attributes.
+type WithResource = (Span, Vec<KeyValue>);
+
+/// Every span received.
 #[derive(Clone, Default)]
 struct Received {
-    spans: Arc<Mutex<Vec<(Span, Vec<KeyValue>)>>>,
+    spans: Arc<Mutex<Vec<WithResource>>>,
     count: Arc<Mutex<Option<watch::Sender<usize>>>>,
 }
 

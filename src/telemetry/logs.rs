@@ -112,3 +112,70 @@ where
     sc.is_valid()
         .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    use tracing_subscriber::{fmt::MakeWriter, layer::SubscriberExt};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Buffer {
+        type Writer = Buffer;
+
+        fn make_writer(&'a self) -> Self::Writer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_fields_and_the_current_span_s_trace_ids() {
+        let provider = SdkTracerProvider::builder().build();
+        let buffer = Buffer::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(buffer.clone())
+                    .event_format(JsonFormat),
+            )
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let dispatch = tracing::Dispatch::new(subscriber);
+        set_dispatch(dispatch.downgrade());
+        let (trace_id, span_id) = tracing::dispatcher::with_default(&dispatch, || {
+            let span = tracing::info_span!("rpc");
+            let _entered = span.enter();
+            tracing::warn!(agent_id = "a-1", count = 3, "inside");
+            let cx = span.context();
+            let sc = cx.span().span_context().clone();
+            (sc.trace_id().to_string(), sc.span_id().to_string())
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        assert_eq!(line["message"], "inside");
+        assert_eq!(line["agent_id"], "a-1", "fields at the top level");
+        assert_eq!(line["count"], 3);
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["span"], "rpc");
+        assert_eq!(line["trace_id"], trace_id.as_str());
+        assert_eq!(line["span_id"], span_id.as_str());
+        assert_eq!(trace_id.len(), 32);
+    }
+}

@@ -232,3 +232,129 @@ impl SpanSink for RunSpans {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::SystemTime};
+
+    use super::*;
+    use crate::scheduler::{trace::RunTrace, AgentError, AgentView};
+
+    #[derive(Debug)]
+    struct Discard;
+
+    impl opentelemetry_sdk::trace::SpanExporter for Discard {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    fn sink(sampler: Sampler) -> RunSpans {
+        let processor = BatchSpanProcessor::builder(Discard).build();
+        RunSpans::new(SharedProcessor(Arc::new(processor)), sampler)
+    }
+
+    fn cx(sampled: bool) -> TraceContext {
+        TraceContext {
+            trace_id: TraceId::new(0xabc).unwrap(),
+            span_id: 0x42,
+            sampled,
+        }
+    }
+
+    #[test]
+    fn sampling_follows_the_configured_sampler_and_the_parent_s_flag() {
+        let parent_based = sink(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)));
+        let id = TraceId::new(7).unwrap();
+        assert!(parent_based.sample(None, id, "a"));
+        assert!(parent_based.sample(Some(&cx(true)), id, "a"));
+        assert!(!parent_based.sample(Some(&cx(false)), id, "a"));
+        let never = sink(Sampler::TraceIdRatioBased(0.0));
+        assert!(!never.sample(None, id, "a"));
+        let always = sink(Sampler::AlwaysOn);
+        assert!(always.sample(Some(&cx(false)), id, "a"));
+    }
+
+    fn agent(status: AgentStatus) -> AgentView {
+        let now = SystemTime::now();
+        AgentView {
+            id: uuid::Uuid::now_v7(),
+            agent: "coder".into(),
+            model: "acme/m1".into(),
+            description: "".into(),
+            parent_id: None,
+            root_id: uuid::Uuid::now_v7(),
+            lead_id: None,
+            depth: 1,
+            status,
+            created_at: now,
+            started_at: Some(now + Duration::from_millis(1500)),
+            finished_at: Some(now + Duration::from_secs(3)),
+            result: "".into(),
+            error: (status == AgentStatus::Failed).then(|| AgentError::new("EXIT_2", "bad")),
+            approval: None,
+            usage: Default::default(),
+            total_usage: Default::default(),
+            labels: Default::default(),
+            background: true,
+            detached: false,
+            queue_reason: None,
+            bucket: "acme/m1".into(),
+            worker_id: None,
+            attempt: 1,
+            trace_id: Some(TraceId::new(0xabc).unwrap()),
+        }
+    }
+
+    #[test]
+    fn a_run_span_has_the_scheduler_s_ids_times_and_status() {
+        let s = sink(Sampler::AlwaysOn);
+        let trace = RunTrace {
+            context: cx(true),
+            parent: Some(TraceContext {
+                span_id: 0x41,
+                ..cx(true)
+            }),
+            link: None,
+            recorded: true,
+            events: Vec::new(),
+            dropped_events: 0,
+        };
+        let a = agent(AgentStatus::Failed);
+        let data = s
+            .span_data(EndedRun {
+                agent: a.clone(),
+                trace: Some(trace),
+            })
+            .expect("recorded");
+        assert_eq!(data.name, "invoke_agent coder");
+        assert_eq!(
+            data.span_context.span_id(),
+            SpanId::from_bytes(0x42u64.to_be_bytes())
+        );
+        assert_eq!(
+            data.parent_span_id,
+            SpanId::from_bytes(0x41u64.to_be_bytes())
+        );
+        assert!(
+            data.parent_span_is_remote,
+            "a root's parent is the caller's"
+        );
+        assert_eq!(Some(data.start_time), a.started_at);
+        assert_eq!(Some(data.end_time), a.finished_at);
+        assert!(
+            matches!(data.status, Status::Error { ref description } if description.contains("EXIT_2"))
+        );
+        let wait = data
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "subagentd.queue_wait_ms")
+            .map(|kv| kv.value.clone());
+        assert_eq!(wait, Some(opentelemetry::Value::I64(1500)));
+        let unrecorded = s.span_data(EndedRun {
+            agent: agent(AgentStatus::Done),
+            trace: None,
+        });
+        assert!(unrecorded.is_none());
+    }
+}
