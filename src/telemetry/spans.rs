@@ -110,7 +110,13 @@ impl RunSpans {
         let (provider, model) = a.model.split_once('/').unwrap_or(("", &a.model));
         let start = a.started_at.unwrap_or(a.created_at);
         let end = a.finished_at.unwrap_or(start);
-        let queue_wait = start.duration_since(a.created_at).unwrap_or_default();
+        // Never started (cancelled or expired while queued): it waited
+        // until the end.
+        let queue_wait = a
+            .started_at
+            .unwrap_or(end)
+            .duration_since(a.created_at)
+            .unwrap_or_default();
         let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "invoke_agent"),
             KeyValue::new("gen_ai.agent.id", a.id.to_string()),
