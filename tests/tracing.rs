@@ -143,6 +143,9 @@ default_concurrency = 10
 runner = \"simulated\"
 [agents.coder]
 runner = \"worker\"
+[agents.printer]
+runner = \"command\"
+command = [\"sh\", \"-c\", \"printf '%s' \\\"$TRACEPARENT\\\"\"]
 ";
 
 impl Server {
@@ -628,5 +631,37 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
     assert_eq!(worker.parent_span_id, run.span_id, "under the run span");
     assert_eq!(hex(&run.parent_span_id), CALLER_SPAN);
     drop(tx);
+    assert!(server.stop().await.success());
+}
+
+/// A command program gets the run span's context in `TRACEPARENT`: what
+/// it records (or passes to its own calls) lands under the run span.
+#[tokio::test]
+async fn a_command_run_gets_its_run_span_as_traceparent() {
+    let mut receiver = Receiver::start().await;
+    let server = Server::start(&receiver, &[]).await;
+    let mut client = server.client().await;
+    let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let agent = spawn_traced(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "printer".into(),
+            ..simulated("go")
+        },
+        Some(&caller),
+    )
+    .await;
+    let done = await_ids(&mut client, &[&agent.id]).await.remove(0);
+    assert_eq!(done.status, pb::AgentStatus::Done as i32, "{done:?}");
+    let run = receiver
+        .wait_for("the command run's span", |spans| {
+            run_span_of(spans, &agent.id).cloned()
+        })
+        .await;
+    assert_eq!(
+        done.result,
+        format!("00-{CALLER_TRACE}-{}-01", hex(&run.span_id)),
+        "TRACEPARENT names the run span"
+    );
     assert!(server.stop().await.success());
 }
