@@ -199,3 +199,85 @@ async fn an_unknown_path_is_not_a_metrics_label_and_other_paths_are_404() {
     );
     assert!(m.keys().all(|k| !k.contains("made.Up")));
 }
+
+/// The shipped Grafana dashboard reads only metrics this server exports.
+#[tokio::test]
+async fn every_metric_the_grafana_dashboard_reads_is_exported() {
+    let mut s = TestServer::start("").await;
+    // Labelled RPC and rejection series exist once something was counted.
+    let refused = s.client.spawn(bg("no-slash", "x")).await;
+    assert_eq!(
+        refused.expect_err("bad model").code(),
+        Code::InvalidArgument
+    );
+    let addr = s.handle.metrics_addr().unwrap();
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Family names with their series suffixes, as PromQL may name them.
+    let mut exported = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            match kind {
+                "counter" => {
+                    exported.insert(format!("{name}_total"));
+                }
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        exported.insert(format!("{name}{suffix}"));
+                    }
+                }
+                _ => {
+                    exported.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/grafana/subagentd-dashboard.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("dashboard is JSON");
+    let mut exprs = Vec::new();
+    collect_exprs(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let mut read = std::collections::BTreeSet::new();
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("subagentd_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            read.insert(name);
+        }
+    }
+    let missing: Vec<_> = read.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "dashboard reads {missing:?}; exported {exported:?}"
+    );
+    assert!(read.len() >= 10, "{read:?}");
+}
+
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr" | "query", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| collect_exprs(i, out)),
+        _ => {}
+    }
+}

@@ -665,3 +665,48 @@ async fn a_command_run_gets_its_run_span_as_traceparent() {
     );
     assert!(server.stop().await.success());
 }
+
+/// An approval request is an event on the run's span, naming the tool.
+#[tokio::test]
+async fn an_approval_request_is_an_event_on_the_run_span() {
+    let mut receiver = Receiver::start().await;
+    let server = Server::start(&receiver, &[]).await;
+    let mut client = server.client().await;
+    let agent = spawn_traced(&mut client, simulated("approve shell\noutput after"), None).await;
+    // Await returns once the agent is settled: here, awaiting approval.
+    let waiting = await_ids(&mut client, &[&agent.id]).await.remove(0);
+    assert_eq!(
+        waiting.status,
+        pb::AgentStatus::AwaitingApproval as i32,
+        "{waiting:?}"
+    );
+    let approval = waiting.approval.expect("pending approval");
+    client
+        .approve(pb::ApproveRequest {
+            id: agent.id.clone(),
+            approval_id: approval.id,
+            decision: pb::ApprovalDecision::Approve as i32,
+            note: String::new(),
+        })
+        .await
+        .unwrap();
+    let done = await_ids(&mut client, &[&agent.id]).await.remove(0);
+    assert_eq!(done.status, pb::AgentStatus::Done as i32, "{done:?}");
+    let run = receiver
+        .wait_for("the run's span", |spans| {
+            run_span_of(spans, &agent.id).cloned()
+        })
+        .await;
+    let event = run
+        .events
+        .iter()
+        .find(|e| e.name == "approval_requested")
+        .expect("approval_requested event");
+    let tool = event
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "gen_ai.tool.name")
+        .and_then(|kv| kv.value.clone()?.value);
+    assert_eq!(tool, Some(any_value::Value::StringValue("shell".into())));
+    assert!(server.stop().await.success());
+}
