@@ -41,6 +41,10 @@ pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// Default `[server] keepalive_timeout`: an unanswered PING closes the
 /// connection (a silently dead worker is lost after interval + timeout).
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `[server] shutdown_grace`: how long running agents may finish
+/// after SIGTERM before the rest are cancelled (shorter than Kubernetes'
+/// default 30 s termination grace period).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 /// Default `[watch] history`: events kept for `after_sequence` replay.
 pub const DEFAULT_WATCH_HISTORY: usize = 16_384;
 /// Default `[watch] subscriber_buffer`: events a subscriber may fall behind
@@ -248,6 +252,11 @@ pub struct ServerConfig {
     /// (its worker sessions are then lost). Default 10 s. Read at start only.
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
+    /// After SIGTERM/SIGINT: how long running agents may finish before
+    /// whatever is still live is cancelled. Default 25 s; "0s" cancels at
+    /// once. Read at start only.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
 }
 
 /// `[limits]` section: every admission limit.
@@ -591,6 +600,7 @@ impl Default for ServerConfig {
             listen: DEFAULT_LISTEN.to_owned(),
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }

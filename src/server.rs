@@ -34,6 +34,8 @@ pub struct ServerHandle {
     source: ConfigSource,
     health: tonic_health::server::HealthReporter,
     shutdown: CancellationToken,
+    /// `[server] shutdown_grace`.
+    shutdown_grace: Duration,
     tasks: Vec<JoinHandle<()>>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -73,9 +75,10 @@ impl ServerHandle {
         }
     }
 
-    /// Graceful stop: NOT_SERVING, refuse new Spawns, cancel live agents
-    /// (so Await callers and watchers see a terminal state), end watch
-    /// streams, then close the server.
+    /// Graceful stop: NOT_SERVING and no new Spawns at once; running
+    /// agents get `[server] shutdown_grace` to finish; then what is still
+    /// live is cancelled (so Await callers and watchers see a terminal
+    /// state), watch streams end, and the server closes.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.health
             .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
@@ -86,6 +89,18 @@ impl ServerHandle {
         self.health
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
+        // Queued agents stay queued (a run started now would be cut short);
+        // every other RPC keeps working, so callers can await the drain.
+        self.scheduler.stop_admitting();
+        let running = self.scheduler.inspect(|c| c.running_count());
+        if running > 0 && !self.shutdown_grace.is_zero() {
+            info!(
+                running,
+                grace = %humantime::format_duration(self.shutdown_grace),
+                "shutting down: waiting for running agents"
+            );
+            self.scheduler.wait_for_runs(self.shutdown_grace).await;
+        }
         let cancelled = self.scheduler.shut_down("server shutting down");
         info!(cancelled, "shutting down");
         self.shutdown.cancel();
@@ -154,6 +169,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ],
     );
     let workers = WorkerServiceImpl::new(scheduler.clone(), shutdown.clone());
+    let shutdown_grace = config.server.shutdown_grace;
     let (keepalive_interval, keepalive_timeout) = (
         config.server.keepalive_interval,
         config.server.keepalive_timeout,
@@ -205,6 +221,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         source,
         health,
         shutdown,
+        shutdown_grace,
         tasks,
         server,
     })
@@ -223,34 +240,88 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let telemetry = telemetry::init(&config.telemetry)?;
+    let mut signals = Signals::new()?;
     let handle = start(config, source).await?;
-    wait_for_signals(&handle).await?;
-    let stopped = handle.shutdown().await;
+    signals.wait_for_stop(&handle).await;
+    let stopped = tokio::select! {
+        stopped = handle.shutdown() => stopped,
+        signal = signals.stop() => {
+            // The operator asked twice: no more waiting (no flush either).
+            warn!(signal, "second signal: exiting now");
+            std::process::exit(128 + signal);
+        }
+    };
     // After the last run ended: its span is in the queue being flushed.
-    telemetry.shutdown();
+    // Flushing blocks until the exporter is done, and the exporter's
+    // connection is driven by this runtime: block a spare thread, not a
+    // worker (with one worker, that would wait out the export timeout).
+    if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await {
+        error!(error = %e, "flushing telemetry failed");
+    }
     stopped
 }
 
+/// The signals `serve` acts on: SIGHUP reloads, SIGTERM/SIGINT stop (the
+/// second one at once).
 #[cfg(unix)]
-async fn wait_for_signals(handle: &ServerHandle) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    loop {
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Reloads on SIGHUP until SIGTERM or SIGINT arrives.
+    async fn wait_for_stop(&mut self, handle: &ServerHandle) {
+        loop {
+            let signal = tokio::select! {
+                _ = self.hup.recv() => {
+                    // Errors are logged by reload; the old config stays.
+                    let _ = handle.reload();
+                    continue;
+                }
+                _ = self.term.recv() => 15,
+                _ = self.int.recv() => 2,
+            };
+            info!(signal, "stop signal received");
+            return;
+        }
+    }
+
+    /// The next SIGTERM (15) or SIGINT (2).
+    async fn stop(&mut self) -> i32 {
         tokio::select! {
-            _ = hup.recv() => {
-                // Errors are logged by reload; the old config stays.
-                let _ = handle.reload();
-            }
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
+            _ = self.term.recv() => 15,
+            _ = self.int.recv() => 2,
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signals(_handle: &ServerHandle) -> anyhow::Result<()> {
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self)
+    }
+
+    async fn wait_for_stop(&mut self, _handle: &ServerHandle) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+
+    async fn stop(&mut self) -> i32 {
+        let _ = tokio::signal::ctrl_c().await;
+        2
+    }
 }

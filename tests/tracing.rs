@@ -167,6 +167,7 @@ impl Server {
             .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
             .env("OTEL_BSP_SCHEDULE_DELAY", "50")
             .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+            .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
             .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -480,8 +481,16 @@ async fn one_agent_tree_is_one_trace_under_the_caller_s_span() {
 #[tokio::test]
 async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdown() {
     let mut receiver = Receiver::start().await;
-    // Spans leave only when the batch is full or at shutdown.
-    let server = Server::start(&receiver, &[("OTEL_BSP_SCHEDULE_DELAY", "600000")]).await;
+    // Spans leave only when the batch is full or at shutdown; one runtime
+    // worker (as in a one-CPU container), which the flush must not block.
+    let server = Server::start(
+        &receiver,
+        &[
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+            ("TOKIO_WORKER_THREADS", "1"),
+        ],
+    )
+    .await;
     let mut client = server.client().await;
     let root = spawn_traced(&mut client, simulated("wait_steer"), None).await;
     assert_eq!(root.trace_id.len(), 32, "{root:?}");
@@ -496,6 +505,8 @@ async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdow
         })
         .await
         .unwrap();
+    // (A flush that blocked the only worker would wait out the exporter's
+    // 30 s timeout, past `stop`'s limit.)
     let status = server.stop().await;
     assert!(status.success(), "{status:?}");
 

@@ -1925,6 +1925,18 @@ impl Core {
         self.events.publish(kind, view);
     }
 
+    /// Stops admitting and starting agents (the drain before shutdown):
+    /// Spawn is refused with [`Error::ShuttingDown`], queued agents stay
+    /// queued, running ones go on.
+    pub fn stop_admitting(&mut self) {
+        self.closed = true;
+    }
+
+    /// Agents RUNNING now (not waiting for a slot or an approval).
+    pub fn running_count(&self) -> u32 {
+        self.stats.buckets().map(|(_, b)| b.running).sum()
+    }
+
     /// Stops admitting and cancels every live agent with `reason`, oldest
     /// first, in one step: nothing queued is started by the slots this
     /// frees. Returns how many agents were cancelled.

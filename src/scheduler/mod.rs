@@ -410,6 +410,37 @@ impl Scheduler {
         self.with_core(|c| c.subscribe(query))
     }
 
+    /// Stops admitting and starting agents; running ones go on (see
+    /// [`Core::stop_admitting`]).
+    pub fn stop_admitting(&self) {
+        self.with_core(Core::stop_admitting);
+    }
+
+    /// Waits until no agent is RUNNING, or `grace` passed. Returns whether
+    /// the runs all ended. Woken by lifecycle events, not a clock.
+    pub async fn wait_for_runs(&self, grace: Duration) -> bool {
+        let mut events = self.subscribe(&WatchQuery::default()).live;
+        let deadline = tokio::time::Instant::now().checked_add(grace);
+        loop {
+            if self.inspect(Core::running_count) == 0 {
+                return true;
+            }
+            let next = events.recv();
+            let received = match deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, next).await {
+                    Ok(received) => received,
+                    Err(_) => return false,
+                },
+                None => next.await,
+            };
+            // Lagged: some events were missed; the count above is what
+            // matters, so look again.
+            if let Err(tokio::sync::broadcast::error::RecvError::Closed) = received {
+                return self.inspect(Core::running_count) == 0;
+            }
+        }
+    }
+
     /// Applies a reloaded config (limits, runs, agent types).
     pub fn reconfigure(&self, config: &Config) {
         self.with_core(|c| {

@@ -79,7 +79,12 @@ class Server:
             stderr=subprocess.PIPE,
             text=True,
             # Several servers may run at once: no fixed metrics port.
-            env={**os.environ, "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0"},
+            # Stopping does not wait for runs still going.
+            env={
+                **os.environ,
+                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
+                "SUBAGENTD_SERVER__SHUTDOWN_GRACE": "0s",
+            },
         )
         lines: "queue.Queue[str]" = queue.Queue()
         self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)

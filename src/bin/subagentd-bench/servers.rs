@@ -128,6 +128,7 @@ impl ServerProcess {
         if config.is_some() {
             command
                 .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+                .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
                 .env("RUST_LOG", "warn");
         }
         let child = command
