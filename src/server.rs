@@ -253,8 +253,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     // After the last run ended: its span is in the queue being flushed.
     // Flushing blocks until the exporter is done, and the exporter's
-    // connection is driven by this runtime: block a spare thread, not a
-    // worker (with one worker, that would wait out the export timeout).
+    // connection is driven by this runtime: block a thread meant for
+    // blocking, never one that may be driving I/O.
     if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await {
         error!(error = %e, "flushing telemetry failed");
     }

@@ -481,8 +481,8 @@ async fn one_agent_tree_is_one_trace_under_the_caller_s_span() {
 #[tokio::test]
 async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdown() {
     let mut receiver = Receiver::start().await;
-    // Spans leave only when the batch is full or at shutdown; one runtime
-    // worker (as in a one-CPU container), which the flush must not block.
+    // Spans leave only when the batch is full or at shutdown; and one
+    // runtime worker, as in a one-CPU container.
     let server = Server::start(
         &receiver,
         &[
@@ -505,8 +505,6 @@ async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdow
         })
         .await
         .unwrap();
-    // (A flush that blocked the only worker would wait out the exporter's
-    // 30 s timeout, past `stop`'s limit.)
     let status = server.stop().await;
     assert!(status.success(), "{status:?}");
 
