@@ -160,6 +160,11 @@ struct Record {
     trace: Option<Box<RunTrace>>,
 }
 
+// Retained records dominate memory (BENCHMARKS.md): a record must stay in
+// jemalloc's 512-byte size class; the next class is 640.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Record>() <= 512);
+
 impl Record {
     /// The agent type, when the agent needs a worker's capacity to start:
     /// a worker type with no worker holding its run yet.
