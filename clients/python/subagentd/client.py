@@ -1,0 +1,87 @@
+"""Reading subagentd's structured errors.
+
+Every error status subagentd returns carries a `google.rpc.Status` in the
+`grpc-status-details-bin` trailer, whose details hold a `google.rpc.ErrorInfo`
+(domain "subagentd") and, depending on the error, `BadRequest`,
+`QuotaFailure`, `PreconditionFailure` or `ResourceInfo`. Branch on
+`ErrorInfo.reason` (see the README's "Errors" table), never on the message:
+
+    from subagentd.client import error_info
+
+    try:
+        agents.Spawn(request)
+    except grpc.RpcError as err:
+        info = error_info(err)
+        if info is not None and info.reason == "GLOBAL_LIMIT_REACHED":
+            print(info.metadata["limit"], info.metadata["live"])
+
+Needs `grpcio-status` (which brings `googleapis-common-protos`).
+"""
+
+from typing import List, Optional
+
+import grpc
+from google.protobuf import message as _message
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+__all__ = ["DOMAIN", "error_details", "error_info", "error_reason", "rich_status"]
+
+DOMAIN = "subagentd"
+
+# Detail types subagentd sends, by their Any type name.
+_DETAIL_TYPES = {
+    cls.DESCRIPTOR.full_name: cls
+    for cls in (
+        error_details_pb2.ErrorInfo,
+        error_details_pb2.BadRequest,
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.PreconditionFailure,
+        error_details_pb2.ResourceInfo,
+        error_details_pb2.RetryInfo,
+        error_details_pb2.DebugInfo,
+        error_details_pb2.Help,
+        error_details_pb2.LocalizedMessage,
+    )
+}
+
+
+def rich_status(err: grpc.RpcError) -> Optional[status_pb2.Status]:
+    """The `google.rpc.Status` from the error's `grpc-status-details-bin`
+    trailer, or None when it has none (e.g. a transport error)."""
+    if not isinstance(err, grpc.Call):
+        return None
+    return rpc_status.from_call(err)
+
+
+def error_details(err: grpc.RpcError) -> List[_message.Message]:
+    """The status details, unpacked (ErrorInfo, QuotaFailure, …) in the order
+    sent. Details of unknown types are left out."""
+    status = rich_status(err)
+    if status is None:
+        return []
+    out = []
+    for any_detail in status.details:
+        cls = _DETAIL_TYPES.get(any_detail.TypeName())
+        if cls is not None:
+            detail = cls()
+            any_detail.Unpack(detail)
+            out.append(detail)
+    return out
+
+
+def error_info(err: grpc.RpcError) -> Optional[error_details_pb2.ErrorInfo]:
+    """The error's `google.rpc.ErrorInfo`, or None when it carries none."""
+    for detail in error_details(err):
+        if isinstance(detail, error_details_pb2.ErrorInfo):
+            return detail
+    return None
+
+
+def error_reason(err: grpc.RpcError) -> Optional[str]:
+    """`ErrorInfo.reason` of a subagentd error (e.g. "GLOBAL_LIMIT_REACHED"),
+    or None when the error carries no ErrorInfo from subagentd."""
+    info = error_info(err)
+    if info is None or info.domain != DOMAIN:
+        return None
+    return info.reason
