@@ -154,6 +154,20 @@ impl Default for TelemetryConfig {
     }
 }
 
+/// A broken `[telemetry]` rule, naming the places the value may come from
+/// (an operator may have set it through the standard variable).
+fn telemetry_invalid(key: &str, rule: impl Into<String>) -> ConfigError {
+    let rule = rule.into();
+    let rule = match OTEL_ENV.iter().find(|(_, k)| *k == key) {
+        Some((var, _)) => format!(
+            "{rule} (set in the file, by {var}, or by SUBAGENTD_TELEMETRY__{})",
+            key.to_ascii_uppercase()
+        ),
+        None => rule,
+    };
+    invalid(format!("telemetry.{key}"), rule)
+}
+
 /// A string, also written as a bare number (`0.25` as well as `"0.25"`).
 fn string_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
@@ -189,13 +203,13 @@ impl TelemetryConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let e = self.otlp_endpoint.trim();
         if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
-            return Err(invalid(
-                "telemetry.otlp_endpoint",
+            return Err(telemetry_invalid(
+                "otlp_endpoint",
                 format!("must be an http:// or https:// URL (got {e:?})"),
             ));
         }
         if self.service_name.trim().is_empty() {
-            return Err(invalid("telemetry.service_name", "must not be empty"));
+            return Err(telemetry_invalid("service_name", "must not be empty"));
         }
         for pair in self.resource_attributes.split(',') {
             if !pair.trim().is_empty()
@@ -203,15 +217,15 @@ impl TelemetryConfig {
                     .split_once('=')
                     .is_none_or(|(k, _)| k.trim().is_empty())
             {
-                return Err(invalid(
-                    "telemetry.resource_attributes",
+                return Err(telemetry_invalid(
+                    "resource_attributes",
                     format!("must be key=value pairs separated by commas (got {pair:?})"),
                 ));
             }
         }
         if !TRACES_SAMPLERS.contains(&self.traces_sampler.as_str()) {
-            return Err(invalid(
-                "telemetry.traces_sampler",
+            return Err(telemetry_invalid(
+                "traces_sampler",
                 format!(
                     "must be one of {} (got {:?})",
                     TRACES_SAMPLERS.join(", "),
@@ -221,8 +235,8 @@ impl TelemetryConfig {
         }
         let arg = self.traces_sampler_arg.trim();
         if !arg.is_empty() && !arg.parse::<f64>().is_ok_and(|r| (0.0..=1.0).contains(&r)) {
-            return Err(invalid(
-                "telemetry.traces_sampler_arg",
+            return Err(telemetry_invalid(
+                "traces_sampler_arg",
                 format!("must be a ratio between 0 and 1 (got {arg:?})"),
             ));
         }
@@ -727,7 +741,9 @@ impl ConfigSource {
         // a number to parse here).
         let mut otel = Figment::new();
         for (var, key) in OTEL_ENV {
-            if let Ok(value) = std::env::var(var) {
+            // Empty means unset (the OpenTelemetry spec's rule), so an empty
+            // templated variable does not override the file.
+            if let Some(value) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
                 otel = otel.merge(Serialized::default(&format!("telemetry.{key}"), value));
             }
         }
@@ -958,6 +974,12 @@ mod tests {
             );
             assert_eq!(c.telemetry.log_format, LogFormat::Json);
             assert_eq!(c.telemetry.metrics_listen, DEFAULT_METRICS_LISTEN);
+            // Empty means unset, as the OpenTelemetry spec says.
+            jail.set_env("OTEL_SERVICE_NAME", "");
+            jail.set_env("OTEL_TRACES_SAMPLER", " ");
+            let c = source.load().map_err(|e| e.to_string())?;
+            assert_eq!(c.telemetry.service_name, "from-file");
+            assert_eq!(c.telemetry.traces_sampler, DEFAULT_TRACES_SAMPLER);
             jail.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317");
             jail.set_env("OTEL_SERVICE_NAME", "from-env");
             jail.set_env("OTEL_RESOURCE_ATTRIBUTES", "a=1,b=two");
@@ -976,6 +998,10 @@ mod tests {
             jail.set_env("OTEL_TRACES_SAMPLER", "sometimes");
             let err = source.load().expect_err("unknown sampler").to_string();
             assert!(err.contains("telemetry.traces_sampler"), "{err}");
+            assert!(
+                err.contains("OTEL_TRACES_SAMPLER"),
+                "names the variable too: {err}"
+            );
             Ok(())
         });
     }

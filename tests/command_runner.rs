@@ -277,7 +277,9 @@ fn forking_script(scratch: &Scratch, ignore_term: bool) -> String {
     };
     scratch.script(
         "fork.sh",
-        &format!("exec 3>\"$1\"\n{trap}sleep 1000 &\necho \"grandchild $!\"\nwait\n"),
+        // The trap comes first: the test signals the group once the FIFO
+        // is open, and a TERM before the trap would end the shell.
+        &format!("{trap}exec 3>\"$1\"\nsleep 1000 &\necho \"grandchild $!\"\nwait\n"),
     )
 }
 

@@ -281,3 +281,77 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// A unary call the client gives up on (its deadline, or a cancel) is
+/// counted when the server drops it, not lost.
+#[tokio::test]
+async fn abandoned_unary_calls_are_counted() {
+    let mut s = TestServer::start("").await;
+    let waiting = spawn(&mut s.client, bg("acme/m", "wait_steer")).await;
+    let id = waiting.id.clone();
+    let await_req = move || pb::AwaitRequest {
+        ids: vec![id.clone()],
+        timeout: None,
+        mode: pb::AwaitMode::All as i32,
+    };
+    // A deadline: the client resets the call when it passes.
+    let mut request = tonic::Request::new(await_req());
+    request.set_timeout(std::time::Duration::from_millis(200));
+    let err = s.client.r#await(request).await.expect_err("deadline");
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    // The server dropped that call (its waiter is gone) ...
+    let scheduler = s.handle.scheduler().clone();
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while scheduler.inspect(|c| c.waiter_count()) != 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the server kept the timed-out Await"
+        );
+        tokio::task::yield_now().await;
+    }
+    // A cancel: the caller drops the call while the server waits in it.
+    let mut other = s.new_client().await;
+    let call = tokio::spawn(async move { other.r#await(await_req()).await });
+    while scheduler.inspect(|c| c.waiter_count()) == 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the Await never arrived"
+        );
+        tokio::task::yield_now().await;
+    }
+    call.abort();
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while scheduler.inspect(|c| c.waiter_count()) != 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the server kept the abandoned Await"
+        );
+        tokio::task::yield_now().await;
+    }
+
+    let series = "subagentd_rpc_requests_total{service=\"subagents.v1.AgentService\",method=\"Await\",code=\"CANCELLED\"}";
+    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let m = scrape(&s).await;
+        let n = m.get(series).copied().unwrap_or(0.0)
+            + m.get(&series.replace("CANCELLED", "DEADLINE_EXCEEDED"))
+                .copied()
+                .unwrap_or(0.0);
+        if n >= 2.0 {
+            assert_eq!(n, 2.0, "{m:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "abandoned calls not counted: {:?}",
+            m.iter()
+                .filter(|(k, _)| k.contains("Await"))
+                .collect::<Vec<_>>()
+        );
+        tokio::task::yield_now().await;
+    }
+    s.handle.shutdown().await.unwrap();
+}

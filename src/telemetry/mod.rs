@@ -168,8 +168,14 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TelemetryGuard> {
         (None, None)
     } else {
         let (provider, run_spans) = provider(config)?;
+        // RPC spans carry the RPC conventions' attributes only: no source
+        // location, thread or busy/idle timings (noise in a trace backend,
+        // and work on every call).
         let layer = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("subagentd"))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(filter_fn(exported));
         let _ = RUN_SPANS.set(Arc::new(run_spans));
         (Some(provider), Some(layer))

@@ -4,8 +4,9 @@
 //!
 //! A call ends when its response body ends, not when its headers are sent:
 //! a unary success carries `grpc-status` in the trailers, a stream runs
-//! until its last message, and a call the client abandons is counted as
-//! CANCELLED when its body is dropped unfinished.
+//! until its last message, and a call the client abandons (cancel, or its
+//! deadline) is counted as CANCELLED when the server drops its handler or
+//! its unfinished body.
 
 use std::{
     collections::HashSet,
@@ -221,6 +222,16 @@ pin_project! {
         #[pin]
         inner: F,
         call: Option<Call>,
+    }
+
+    impl<F> PinnedDrop for RpcFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            // Dropped before the handler answered: the client cancelled the
+            // call or its deadline passed (it reset the stream).
+            if let Some(call) = this.project().call.take() {
+                call.end(tonic::Code::Cancelled);
+            }
+        }
     }
 }
 
