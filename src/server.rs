@@ -10,7 +10,10 @@ use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
 
 use crate::{
-    api::{service::AgentServiceImpl, watch_route::AgentServiceRouter, workers::WorkerServiceImpl},
+    api::{
+        ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
+        workers::WorkerServiceImpl,
+    },
     cli::ServeArgs,
     config::{Config, ConfigSource},
     pb::{
@@ -195,7 +198,13 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 .http2_keepalive_interval(Some(keepalive_interval))
                 .http2_keepalive_timeout(Some(keepalive_timeout))
                 .layer(rpc_layer)
-                .add_service(health_service)
+                // Health.Watch streams end at shutdown (after the
+                // NOT_SERVING update) instead of holding the exit back.
+                .add_service(EndOnShutdown::new(
+                    health_service,
+                    shutdown.clone(),
+                    &["/grpc.health.v1.Health/Watch"],
+                ))
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
                 .add_service(AgentServiceRouter::new(service))

@@ -170,9 +170,6 @@ async fn sigterm_drains_running_agents_then_cancels_the_rest_and_exits_zero() {
         next_health(&mut health).await,
         ServingStatus::NotServing as i32
     );
-    // (A Health.Watch stream stays open to the end; the server would wait
-    // up to its connection drain time for it.)
-    drop(health);
     // New agents are refused, saying why.
     let refused = client
         .spawn(bg("acme/new", "hi"))
@@ -220,8 +217,13 @@ async fn sigterm_drains_running_agents_then_cancels_the_rest_and_exits_zero() {
             .any(|(a, k, _)| *a == queued.id && *k == Kind::Started as i32),
         "nothing queued starts while draining: {seen:?}"
     );
-    // The watch stream then ends cleanly, and the process exits 0.
+    // The watch stream then ends cleanly, so does the Health.Watch stream
+    // (it would otherwise hold the exit back), and the process exits 0.
     events_until(&mut watcher, &mut seen, |_| false).await;
+    let ended = tokio::time::timeout(WAIT, health.message())
+        .await
+        .expect("health stream ends");
+    assert!(matches!(ended, Ok(None)), "{ended:?}");
     let status = server.exit_status().await;
     assert_eq!(status.code(), Some(0), "{status:?}");
 }

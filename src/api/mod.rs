@@ -2,6 +2,7 @@
 //! error mapping ([`status`]) and the service itself ([`service`]).
 
 pub mod convert;
+pub mod ending;
 pub mod service;
 pub mod status;
 pub mod watch_route;
