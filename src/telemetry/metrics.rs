@@ -206,15 +206,18 @@ impl SchedulerCollector {
     }
 }
 
-fn gauge(
+/// The label set of a gauge without labels.
+const NO_LABELS: [(&str, &str); 0] = [];
+
+fn gauge<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: &[(&[(&str, &str)], i64)],
+    rows: impl IntoIterator<Item = (L, i64)>,
 ) -> Result<(), std::fmt::Error> {
     let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for (labels, value) in rows {
-        ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+        ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
@@ -246,72 +249,58 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
                 ("awaiting_approval", r.awaiting),
             ]
         };
-        let mut per_bucket: Vec<([(&str, &str); 2], i64)> = Vec::new();
         let mut global = [0i64; 3];
         for r in &s.buckets {
-            for (i, (state, n)) in states(r).into_iter().enumerate() {
-                per_bucket.push(([("bucket", &r.bucket), ("state", state)], i64::from(n)));
+            for (i, (_, n)) in states(r).into_iter().enumerate() {
                 global[i] += i64::from(n);
             }
         }
-        let rows: Vec<(&[(&str, &str)], i64)> =
-            per_bucket.iter().map(|(l, v)| (&l[..], *v)).collect();
         gauge(
             &mut encoder,
             "bucket_agents",
             "Live agents per bucket and state (queued, running, awaiting_approval)",
-            &rows,
+            s.buckets.iter().flat_map(|r| {
+                states(r).map(|(state, n)| {
+                    ([("bucket", r.bucket.as_str()), ("state", state)], i64::from(n))
+                })
+            }),
         )?;
-        let global_rows: Vec<([(&str, &str); 1], i64)> = ["queued", "running", "awaiting_approval"]
-            .into_iter()
-            .zip(global)
-            .map(|(state, n)| ([("state", state)], n))
-            .collect();
-        let rows: Vec<(&[(&str, &str)], i64)> =
-            global_rows.iter().map(|(l, v)| (&l[..], *v)).collect();
         gauge(
             &mut encoder,
             "agents",
             "Live agents across all buckets, by state",
-            &rows,
+            ["queued", "running", "awaiting_approval"]
+                .into_iter()
+                .zip(global)
+                .map(|(state, n)| ([("state", state)], n)),
         )?;
         gauge(
             &mut encoder,
             "background_agents",
             "Live background agents: the usage of [limits] max_background_agents",
-            &[(&[], i64::from(s.live_background))],
+            [(NO_LABELS, i64::from(s.live_background))],
         )?;
-        let limit_rows: Vec<([(&str, &str); 1], i64)> = s
-            .limits
-            .iter()
-            .map(|(name, v)| ([("limit", *name)], i64::from(*v)))
-            .collect();
-        let rows: Vec<(&[(&str, &str)], i64)> =
-            limit_rows.iter().map(|(l, v)| (&l[..], *v)).collect();
         gauge(
             &mut encoder,
             "limit",
             "Configured value of each [limits] key (0 = unlimited where the key allows it)",
-            &rows,
+            s.limits
+                .iter()
+                .map(|(name, v)| ([("limit", *name)], i64::from(*v))),
         )?;
-        let bucket_limits: Vec<([(&str, &str); 1], i64)> = s
-            .buckets
-            .iter()
-            .map(|r| ([("bucket", r.bucket.as_str())], i64::from(r.limit)))
-            .collect();
-        let rows: Vec<(&[(&str, &str)], i64)> =
-            bucket_limits.iter().map(|(l, v)| (&l[..], *v)).collect();
         gauge(
             &mut encoder,
             "bucket_limit",
             "Running-agent limit of each bucket (model entry, provider entry or default; 0 = unlimited)",
-            &rows,
+            s.buckets
+                .iter()
+                .map(|r| ([("bucket", r.bucket.as_str())], i64::from(r.limit))),
         )?;
         gauge(
             &mut encoder,
             "watch_subscribers",
             "Open WatchAgents streams",
-            &[(&[], s.watch_subscribers as i64)],
+            [(NO_LABELS, s.watch_subscribers as i64)],
         )?;
 
         let mut spawned = encoder.encode_descriptor(
