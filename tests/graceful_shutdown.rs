@@ -3,97 +3,31 @@
 //! `[server] shutdown_grace` to finish, the rest are cancelled (watchers
 //! see it), and the process exits 0; a second signal exits at once.
 
-use std::{process::Stdio, time::Duration};
+mod common;
 
-use subagentd::pb::{self, agent_service_client::AgentServiceClient, AgentEventKind as Kind};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
+use std::time::Duration;
+
+use common::{
+    bg,
+    child::{ChildServer, CHILD_WAIT as WAIT},
+    spawn,
 };
-use tonic::{transport::Channel, Code, Streaming};
+use subagentd::pb::{self, AgentEventKind as Kind};
+use tonic::{Code, Streaming};
 use tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
 };
 use tonic_types::StatusExt;
 
-const WAIT: Duration = Duration::from_secs(30);
-
-struct Server {
-    child: Child,
-    channel: Channel,
-    _config: tempfile::NamedTempFile,
-}
-
-impl Server {
-    async fn start(config_toml: &str) -> Self {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(config.path(), config_toml).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_subagentd"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config.path())
-            .args(["--listen", "127.0.0.1:0"])
-            .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
-            .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("subagentd starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = tokio::time::timeout(WAIT, async {
-            loop {
-                let line = lines.next_line().await.unwrap().expect("server runs");
-                let v: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
-                if v["message"] == "subagentd listening" {
-                    return v["addr"].as_str().unwrap().to_owned();
-                }
-            }
+/// A Health.Watch stream of the server's overall status.
+async fn health(server: &ChildServer) -> Streaming<tonic_health::pb::HealthCheckResponse> {
+    HealthClient::new(server.channel().await)
+        .watch(HealthCheckRequest {
+            service: String::new(),
         })
         .await
-        .expect("server listens");
-        // Keep draining stderr so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        Self {
-            child,
-            channel,
-            _config: config,
-        }
-    }
-
-    fn client(&self) -> AgentServiceClient<Channel> {
-        AgentServiceClient::new(self.channel.clone())
-    }
-
-    fn signal(&self, signal: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, signal).unwrap();
-    }
-
-    async fn exit_status(mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("server exits")
-            .unwrap()
-    }
-
-    /// A Health.Watch stream of the server's overall status.
-    async fn health(&self) -> Streaming<tonic_health::pb::HealthCheckResponse> {
-        HealthClient::new(self.channel.clone())
-            .watch(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-    }
+        .unwrap()
+        .into_inner()
 }
 
 async fn next_health(stream: &mut Streaming<tonic_health::pb::HealthCheckResponse>) -> i32 {
@@ -103,20 +37,6 @@ async fn next_health(stream: &mut Streaming<tonic_health::pb::HealthCheckRespons
         .unwrap()
         .expect("health stream open")
         .status
-}
-
-fn bg(model: &str, prompt: &str) -> pb::SpawnRequest {
-    pb::SpawnRequest {
-        agent: "simulated".into(),
-        model: model.into(),
-        prompt: prompt.into(),
-        background: true,
-        ..Default::default()
-    }
-}
-
-async fn spawn(client: &mut AgentServiceClient<Channel>, req: pb::SpawnRequest) -> pb::Agent {
-    client.spawn(req).await.unwrap().into_inner().agent.unwrap()
 }
 
 /// Events until `done` says stop, or the stream ends.
@@ -141,12 +61,13 @@ async fn events_until(
 
 #[tokio::test]
 async fn sigterm_drains_running_agents_then_cancels_the_rest_and_exits_zero() {
-    let server = Server::start(
+    let server = ChildServer::start(
         "[server]\nshutdown_grace = \"2s\"\n\
          [limits]\nmax_background_agents = 10\ndefault_concurrency = 1\n",
+        &[],
     )
     .await;
-    let mut client = server.client();
+    let mut client = server.client().await;
     let finishing = spawn(&mut client, bg("acme/m", "wait_steer")).await;
     let queued = spawn(&mut client, bg("acme/m", "wait_steer")).await;
     let still_running = spawn(&mut client, bg("acme/other", "wait_steer")).await;
@@ -157,7 +78,7 @@ async fn sigterm_drains_running_agents_then_cancels_the_rest_and_exits_zero() {
         .await
         .unwrap()
         .into_inner();
-    let mut health = server.health().await;
+    let mut health = health(&server).await;
     assert_eq!(
         next_health(&mut health).await,
         ServingStatus::Serving as i32
@@ -230,11 +151,11 @@ async fn sigterm_drains_running_agents_then_cancels_the_rest_and_exits_zero() {
 
 #[tokio::test]
 async fn a_second_signal_exits_at_once() {
-    let server = Server::start("[server]\nshutdown_grace = \"10m\"\n").await;
-    let mut client = server.client();
+    let server = ChildServer::start("[server]\nshutdown_grace = \"10m\"\n", &[]).await;
+    let mut client = server.client().await;
     let running = spawn(&mut client, bg("acme/m", "wait_steer")).await;
     assert_eq!(running.status, pb::AgentStatus::Running as i32);
-    let mut health = server.health().await;
+    let mut health = health(&server).await;
     assert_eq!(
         next_health(&mut health).await,
         ServingStatus::Serving as i32

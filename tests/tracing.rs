@@ -2,13 +2,15 @@
 //! OTLP to a receiver in this test (opentelemetry-proto TraceService over
 //! real gRPC on 127.0.0.1:0), and the test checks the spans of agent trees.
 
+mod common;
+
 use std::{
     collections::HashMap,
-    process::Stdio,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
+use common::child::ChildServer;
 use opentelemetry_proto::tonic::{
     collector::trace::v1::{
         trace_service_server::{TraceService, TraceServiceServer},
@@ -21,11 +23,7 @@ use subagentd::pb::{
     self, agent_service_client::AgentServiceClient, connect_request, connect_response, run_event,
     worker_service_client::WorkerServiceClient,
 };
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, ChildStderr, Command},
-    sync::{mpsc, watch},
-};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::transport::Channel;
 
@@ -128,13 +126,6 @@ impl Receiver {
     }
 }
 
-/// The built binary, exporting to `receiver`, with JSON logs on stderr.
-struct Server {
-    child: Child,
-    addr: String,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
 const CONFIG: &str = "\
 [limits]
 max_background_agents = 20
@@ -148,100 +139,19 @@ runner = \"command\"
 command = [\"sh\", \"-c\", \"printf '%s' \\\"$TRACEPARENT\\\"\"]
 ";
 
-impl Server {
-    async fn start(receiver: &Receiver, extra_env: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("config.toml");
-        std::fs::write(&config, CONFIG).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .args(["--listen", "127.0.0.1:0"])
-            .env(
-                "OTEL_EXPORTER_OTLP_ENDPOINT",
-                format!("http://{}", receiver.addr),
-            )
-            .env("OTEL_SERVICE_NAME", "subagentd-under-test")
-            .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
-            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
-            .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
-            .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
-            .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (k, v) in extra_env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().expect("subagentd starts");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, mut lines) = mpsc::unbounded_channel();
-        tokio::spawn(forward(stderr, tx));
-        let addr = tokio::time::timeout(WAIT, async {
-            loop {
-                let line = lines.recv().await.expect("server runs");
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    panic!("log line is not JSON: {line}");
-                };
-                if v["message"] == "subagentd listening" {
-                    return v["addr"].as_str().unwrap().to_owned();
-                }
-            }
-        })
-        .await
-        .expect("server listens");
-        // Keep the config until the server has read it.
-        drop(dir);
-        Self { child, addr, lines }
-    }
-
-    async fn client(&self) -> AgentServiceClient<Channel> {
-        AgentServiceClient::new(self.channel().await)
-    }
-
-    async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
-    }
-
-    /// SIGTERM, then the exit status.
-    async fn stop(mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("server exits")
-            .unwrap()
-    }
-
-    /// JSON log lines until one passes `wanted`.
-    async fn log_line(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                let line = self.lines.recv().await.expect("server runs");
-                let v: serde_json::Value = serde_json::from_str(&line).expect("JSON line");
-                if wanted(&v) {
-                    return v;
-                }
-            }
-        })
-        .await
-        .expect("log line appears")
-    }
-}
-
-async fn forward(stderr: ChildStderr, tx: mpsc::UnboundedSender<String>) {
-    let mut lines = BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let _ = tx.send(line);
-    }
+/// The built binary, exporting to `receiver`, with JSON logs on stderr
+/// (`extra_env` last, so it may override the defaults here).
+async fn start_server(receiver: &Receiver, extra_env: &[(&str, &str)]) -> ChildServer {
+    let endpoint = format!("http://{}", receiver.addr);
+    let mut env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_SERVICE_NAME", "subagentd-under-test"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s"),
+    ];
+    env.extend_from_slice(extra_env);
+    ChildServer::start(CONFIG, &env).await
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -339,7 +249,7 @@ async fn await_ids(client: &mut AgentServiceClient<Channel>, ids: &[&str]) -> Ve
 #[tokio::test]
 async fn one_agent_tree_is_one_trace_under_the_caller_s_span() {
     let mut receiver = Receiver::start().await;
-    let mut server = Server::start(&receiver, &[]).await;
+    let mut server = start_server(&receiver, &[]).await;
     let mut client = server.client().await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
 
@@ -483,7 +393,7 @@ async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdow
     let mut receiver = Receiver::start().await;
     // Spans leave only when the batch is full or at shutdown; and one
     // runtime worker, as in a one-CPU container.
-    let server = Server::start(
+    let server = start_server(
         &receiver,
         &[
             ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
@@ -542,7 +452,7 @@ async fn a_root_without_a_caller_starts_a_trace_and_spans_are_flushed_at_shutdow
 #[tokio::test]
 async fn a_worker_s_own_span_joins_the_agent_s_trace() {
     let mut receiver = Receiver::start().await;
-    let server = Server::start(&receiver, &[]).await;
+    let server = start_server(&receiver, &[]).await;
     let mut client = server.client().await;
 
     let (tx, rx) = mpsc::unbounded_channel();
@@ -648,7 +558,7 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
 #[tokio::test]
 async fn a_command_run_gets_its_run_span_as_traceparent() {
     let mut receiver = Receiver::start().await;
-    let server = Server::start(&receiver, &[]).await;
+    let server = start_server(&receiver, &[]).await;
     let mut client = server.client().await;
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let agent = spawn_traced(
@@ -679,7 +589,7 @@ async fn a_command_run_gets_its_run_span_as_traceparent() {
 #[tokio::test]
 async fn an_approval_request_is_an_event_on_the_run_span() {
     let mut receiver = Receiver::start().await;
-    let server = Server::start(&receiver, &[]).await;
+    let server = start_server(&receiver, &[]).await;
     let mut client = server.client().await;
     let agent = spawn_traced(&mut client, simulated("approve shell\noutput after"), None).await;
     // Await returns once the agent is settled: here, awaiting approval.

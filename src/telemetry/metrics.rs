@@ -261,7 +261,10 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
             "Live agents per bucket and state (queued, running, awaiting_approval)",
             s.buckets.iter().flat_map(|r| {
                 states(r).map(|(state, n)| {
-                    ([("bucket", r.bucket.as_str()), ("state", state)], i64::from(n))
+                    (
+                        [("bucket", r.bucket.as_str()), ("state", state)],
+                        i64::from(n),
+                    )
                 })
             }),
         )?;

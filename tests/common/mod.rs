@@ -1,6 +1,8 @@
 //! Shared helpers: a real server on 127.0.0.1:0 and a generated client.
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::time::Duration;
 
 use subagentd::{

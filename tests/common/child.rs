@@ -1,0 +1,124 @@
+//! The built binary as a child process, as an operator runs it: its own
+//! config file, JSON log lines on stderr, signals.
+
+use std::{process::Stdio, time::Duration};
+
+use subagentd::pb::agent_service_client::AgentServiceClient;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, ChildStderr, Command},
+    sync::mpsc,
+};
+use tonic::transport::Channel;
+
+/// How long a child server may take to start, answer or exit.
+pub const CHILD_WAIT: Duration = Duration::from_secs(30);
+
+/// `subagentd serve` with a config file, on 127.0.0.1:0, metrics on a free
+/// port, JSON logs at info.
+pub struct ChildServer {
+    child: Child,
+    /// The gRPC address it listens on.
+    pub addr: String,
+    lines: mpsc::UnboundedReceiver<String>,
+    _config: tempfile::NamedTempFile,
+}
+
+impl ChildServer {
+    /// Starts it with `config_toml` and the extra environment `env`, and
+    /// waits until it listens.
+    pub async fn start(config_toml: &str, env: &[(&str, &str)]) -> Self {
+        let config = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(config.path(), config_toml).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(config.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+            .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("subagentd starts");
+        // Read stderr to the end, so the server never blocks on a full pipe.
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(forward(child.stderr.take().unwrap(), tx));
+        let mut server = Self {
+            child,
+            addr: String::new(),
+            lines,
+            _config: config,
+        };
+        let listening = server
+            .log_line(|v| v["message"] == "subagentd listening")
+            .await;
+        server.addr = listening["addr"].as_str().unwrap().to_owned();
+        server
+    }
+
+    /// A new connection to it.
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// An AgentService client on a new connection.
+    pub async fn client(&self) -> AgentServiceClient<Channel> {
+        AgentServiceClient::new(self.channel().await)
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// Waits for the process to exit.
+    pub async fn exit_status(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(CHILD_WAIT, self.child.wait())
+            .await
+            .expect("server exits")
+            .unwrap()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn stop(self) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.exit_status().await
+    }
+
+    /// JSON log lines until one passes `wanted` (every line must be JSON).
+    pub async fn log_line(
+        &mut self,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        tokio::time::timeout(CHILD_WAIT, async {
+            loop {
+                let line = self.lines.recv().await.expect("server runs");
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    panic!("log line is not JSON: {line}");
+                };
+                if wanted(&v) {
+                    return v;
+                }
+            }
+        })
+        .await
+        .expect("log line appears")
+    }
+}
+
+async fn forward(stderr: ChildStderr, tx: mpsc::UnboundedSender<String>) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let _ = tx.send(line);
+    }
+}
