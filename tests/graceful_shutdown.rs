@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{
     bg,
     child::{ChildServer, CHILD_WAIT as WAIT},
