@@ -389,7 +389,8 @@ async fn the_program_gets_its_place_in_the_tree_trace_context_env_and_cwd() {
     assert_eq!(vars["GREETING"], "hello there");
     assert_eq!(vars["PWD"], workdir.to_str().unwrap());
 
-    // A child of a running simulated agent, without a traceparent.
+    // A child of a running simulated agent, without a traceparent: the
+    // parent started a trace of its own, and the child's run is in it.
     let parent = spawn(&mut s.client, bg(MODEL, "wait_steer")).await;
     let child = run_to_end(
         &mut s.client,
@@ -407,9 +408,10 @@ async fn the_program_gets_its_place_in_the_tree_trace_context_env_and_cwd() {
     assert_eq!(vars["DEPTH"], "2");
     assert_eq!(vars["ADDR"], addr);
     assert_eq!(
-        vars["TRACEPARENT"], "<unset>",
-        "no TRACEPARENT without one on Spawn"
+        child.trace_id, parent.trace_id,
+        "a child is in its parent's trace"
     );
+    assert_traceparent_in(&vars["TRACEPARENT"], &parent.trace_id, false);
     cancel(&mut s.client, &parent.id).await;
 }
 

@@ -956,3 +956,47 @@ async fn status_pages_through_a_listing_without_duplicates() {
     assert_eq!(seen, spawned);
     s.handle.shutdown().await.unwrap();
 }
+
+/// Without an exporter every run still has a trace context: a root starts
+/// a trace of its own (each root a different one), a child is in its
+/// parent's, and a caller's `traceparent` is inherited as it is.
+#[tokio::test]
+async fn every_agent_has_a_trace_id_without_an_exporter() {
+    let mut s = TestServer::start("").await;
+    let root = spawn(&mut s.client, waiting()).await;
+    let other = spawn(&mut s.client, waiting()).await;
+    let child = spawn(&mut s.client, waiting_child(&root.id)).await;
+    assert_eq!(root.trace_id.len(), 32, "{root:?}");
+    assert_ne!(root.trace_id, "0".repeat(32));
+    assert_ne!(
+        root.trace_id, other.trace_id,
+        "each root starts its own trace"
+    );
+    assert_eq!(
+        child.trace_id, root.trace_id,
+        "a child is in its parent's trace"
+    );
+    assert_eq!(
+        status_of(&mut s.client, &root.id).await.trace_id,
+        root.trace_id
+    );
+
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut request = tonic::Request::new(waiting());
+    request
+        .metadata_mut()
+        .insert("traceparent", caller.parse().unwrap());
+    let traced = s
+        .client
+        .spawn(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(traced.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    for a in [&root, &other, &traced] {
+        cancel(&mut s.client, &a.id).await;
+    }
+    s.handle.shutdown().await.unwrap();
+}

@@ -482,11 +482,10 @@ async fn a_streamed_completion_becomes_output_result_and_usage_and_the_request_i
         plain_req.body
     );
     assert_eq!(plain_req.header("authorization"), None, "no api_key_env");
-    assert_eq!(
-        plain_req.header("traceparent"),
-        None,
-        "Spawn carried no traceparent"
-    );
+    // Spawn carried no traceparent: the run started an unsampled trace of
+    // its own, which the request names.
+    let plain_traceparent = plain_req.header("traceparent").expect("traceparent sent");
+    assert_traceparent_in(plain_traceparent, &plain.trace_id, false);
 
     let full_req = &requests[1];
     assert_eq!(full_req.body["stream"], json!(true), "{}", full_req.body);

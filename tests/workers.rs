@@ -1228,18 +1228,19 @@ async fn a_done_report_while_the_run_is_queued_after_its_approval_finishes_it() 
 }
 
 /// The Spawn call's W3C trace context reaches the worker, so the worker's
-/// spans join the caller's trace; a malformed one is ignored, not refused.
+/// spans join the caller's trace; a malformed one is ignored, not refused,
+/// and the run starts a trace of its own (as without one).
 #[tokio::test]
 async fn the_spawn_calls_trace_context_reaches_the_worker() {
     let mut s = TestServer::start(CONFIG).await;
     let mut w = Worker::connect(s.handle.addr(), &["coder"], 2).await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    for (sent, expected) in [
-        (traceparent, traceparent),
-        ("00-not-a-trace-context", ""),
+    for (sent, inherited) in [
+        (traceparent, true),
+        ("00-not-a-trace-context", false),
         (
             "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "",
+            false,
         ),
     ] {
         let mut request = tonic::Request::new(worker_bg("coder", "traced"));
@@ -1256,7 +1257,12 @@ async fn the_spawn_calls_trace_context_reaches_the_worker() {
             .expect("agent");
         let assigned = w.assignment().await;
         assert_eq!(assigned.agent.expect("agent").id, a.id);
-        assert_eq!(assigned.traceparent, expected, "sent {sent}");
+        if inherited {
+            assert_eq!(assigned.traceparent, sent);
+            assert_eq!(a.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        } else {
+            assert_traceparent_in(&assigned.traceparent, &a.trace_id, false);
+        }
         w.done(&a.id, "ok");
     }
     s.handle.shutdown().await.unwrap();

@@ -482,7 +482,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         detached: a.detached,
         queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
         worker_id: a.worker_id.map(|w| w.to_string()).unwrap_or_default(),
-        trace_id: a.trace_id.map(|t| t.to_string()).unwrap_or_default(),
+        trace_id: a.trace_id.to_string(),
         total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
         bucket: a.bucket.to_string(),
@@ -666,7 +666,7 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
             agent: Some(agent_to_pb(&a.agent, SystemTime::now())),
             prompt: a.prompt.to_string(),
             steer_messages: a.steer_messages,
-            traceparent: a.traceparent.as_deref().unwrap_or_default().to_owned(),
+            traceparent: a.traceparent.to_string(),
             deadline: Some(timestamp(a.deadline)),
         }),
         WorkerCommand::Steer { agent_id, message } => M::Steer(pb::SteerRun {

@@ -254,10 +254,7 @@ fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Chi
         Some(addr) => cmd.env("SUBAGENTD_ADDR", addr),
         None => cmd.env_remove("SUBAGENTD_ADDR"),
     };
-    match &run.traceparent {
-        Some(tp) => cmd.env("TRACEPARENT", &**tp),
-        None => cmd.env_remove("TRACEPARENT"),
-    };
+    cmd.env("TRACEPARENT", &*run.traceparent);
     let needs_stdin =
         cfg.prompt_input() == PromptInput::Stdin || cfg.steer == Some(SteerInput::Stdin);
     cmd.stdin(if needs_stdin {

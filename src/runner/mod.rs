@@ -39,8 +39,9 @@ pub struct Run {
     pub reporter: RunReporter,
     /// The agent type's config as of the run's start.
     pub agent_type: Arc<AgentTypeConfig>,
-    /// W3C trace context of the Spawn call, if it carried one.
-    pub traceparent: Option<Arc<str>>,
+    /// W3C trace context of the run (its span, or the context it
+    /// inherited when spans are not recorded); always set.
+    pub traceparent: Arc<str>,
 }
 
 /// The in-process runners, by kind (workers run elsewhere). Command

@@ -71,7 +71,7 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
         key: api_key(&cfg)?,
         model: server_model(&cfg, &run.agent.model),
         cfg: &cfg,
-        traceparent: run.traceparent.as_deref().map(str::to_owned),
+        traceparent: run.traceparent.clone(),
     };
     let mut messages = Vec::new();
     if let Some(system) = &cfg.system_prompt {
@@ -111,7 +111,7 @@ struct Request<'a> {
     key: Option<String>,
     model: String,
     cfg: &'a AgentTypeConfig,
-    traceparent: Option<String>,
+    traceparent: std::sync::Arc<str>,
 }
 
 impl Request<'_> {
@@ -187,9 +187,7 @@ impl Request<'_> {
             if let Some(key) = &self.key {
                 request = request.bearer_auth(key);
             }
-            if let Some(tp) = &self.traceparent {
-                request = request.header("traceparent", tp);
-            }
+            request = request.header("traceparent", &*self.traceparent);
             let retry_in = match request.send().await {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) if retryable(response.status()) && attempt < MAX_ATTEMPTS => {

@@ -25,8 +25,8 @@ use super::{
     state::{check_move, Held},
     stats::Stats,
     trace::{
-        random_span_id, EndedRun, RunTrace, SpanEventKind, SpanSink, SpawnTrace, TraceContext,
-        TraceId,
+        random_span_id, EndedRun, RunTrace, SpanEventKind, SpanRecord, SpanSink, SpawnTrace,
+        TraceContext, TraceId,
     },
     types::*,
     workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, WorkerPool},
@@ -61,8 +61,8 @@ pub struct RunStart {
     /// removed the type meanwhile).
     pub agent_type: Option<Arc<AgentTypeConfig>>,
     /// W3C `traceparent` naming the run's span (or the context it
-    /// inherited when spans are not recorded), for the runner.
-    pub traceparent: Option<Arc<str>>,
+    /// inherited when spans are not recorded), for the runner; always set.
+    pub traceparent: Arc<str>,
     /// Last-report clock, for the stale watch.
     pub progress: Arc<RunProgress>,
     /// `[runs] stale_timeout` at the start (zero = off).
@@ -155,9 +155,13 @@ struct Record {
     run: Option<Box<RunControl>>,
     children: Vec<AgentId>,
     idempotency_key: Option<Arc<str>>,
-    /// The agent's place in a trace (boxed: absent unless tracing is on or
-    /// the Spawn carried a trace context).
-    trace: Option<Box<RunTrace>>,
+    /// The run's own span id in the trace `view.trace_id` names (with
+    /// `sampled`, the context runners and children get). Kept inline, not
+    /// as a `TraceContext`, so the record stays in its size class.
+    span_id: u64,
+    sampled: bool,
+    /// The span being recorded, only while a sink records spans.
+    span: Option<Box<SpanRecord>>,
 }
 
 // Retained records dominate memory (BENCHMARKS.md): a record must stay in
@@ -166,6 +170,16 @@ struct Record {
 const _: () = assert!(std::mem::size_of::<Record>() <= 512);
 
 impl Record {
+    /// The trace context the run passes on: to its runner (`traceparent`)
+    /// and to its children.
+    fn trace_context(&self) -> TraceContext {
+        TraceContext {
+            trace_id: self.view.trace_id,
+            span_id: self.span_id,
+            sampled: self.sampled,
+        }
+    }
+
     /// The agent type, when the agent needs a worker's capacity to start:
     /// a worker type with no worker holding its run yet.
     fn needs_worker(&self) -> Option<&Arc<str>> {
@@ -542,7 +556,7 @@ impl Core {
             });
         }
 
-        let trace = self.trace_for(
+        let (trace, span) = self.trace_for(
             spec.parent_id
                 .and_then(|p| self.agents.get(&p))
                 .map(|p| &**p),
@@ -583,7 +597,7 @@ impl Core {
             worker_id: None,
             attempt: 0,
             bucket: bucket.clone(),
-            trace_id: trace.as_ref().map(|t| t.context.trace_id),
+            trace_id: trace.trace_id,
         };
         let record = Record {
             view,
@@ -596,7 +610,9 @@ impl Core {
             run: None,
             children: Vec::new(),
             idempotency_key: idem_key.clone(),
-            trace,
+            span_id: trace.span_id,
+            sampled: trace.sampled,
+            span,
         };
         if let Some(pid) = spec.parent_id {
             if let Some(p) = self.agents.get_mut(&pid) {
@@ -632,45 +648,41 @@ impl Core {
         Ok((self.view(id).expect("agent was just inserted"), false))
     }
 
-    /// A new agent's place in a trace: under its parent agent's run span,
-    /// else under the Spawn caller's span, else (when spans are recorded)
-    /// at the root of a new trace.
+    /// A new agent's trace context, and its span record when spans are
+    /// recorded. Inherited from its parent agent, else from the Spawn
+    /// caller; otherwise the first span of a new trace. With a sink the run
+    /// gets a span of its own under the inherited one; without, it passes
+    /// the inherited context on as it is (nothing records a span), or a new
+    /// unsampled one, so logs, workers and programs still share a trace id.
     fn trace_for(
         &self,
         parent: Option<&Record>,
         spawn: SpawnTrace,
         agent: &str,
-    ) -> Option<Box<RunTrace>> {
+    ) -> (TraceContext, Option<Box<SpanRecord>>) {
         let inherited = match parent {
-            Some(p) => p.trace.as_ref().map(|t| t.context),
+            Some(p) => Some(p.trace_context()),
             None => spawn.caller,
         };
         let Some(sink) = &self.span_sink else {
-            return inherited.map(|context| {
-                Box::new(RunTrace {
-                    context,
-                    parent: None,
-                    link: None,
-                    recorded: false,
-                    events: Vec::new(),
-                    dropped_events: 0,
-                })
-            });
+            return (
+                inherited.unwrap_or_else(|| TraceContext::new_root(false)),
+                None,
+            );
         };
         let trace_id = inherited.map_or_else(TraceId::random, |c| c.trace_id);
         let sampled = sink.sample(inherited.as_ref(), trace_id, agent);
-        Some(Box::new(RunTrace {
-            context: TraceContext {
-                trace_id,
-                span_id: random_span_id(),
-                sampled,
-            },
+        let context = TraceContext {
+            trace_id,
+            span_id: random_span_id(),
+            sampled,
+        };
+        let span = SpanRecord {
             parent: inherited,
             link: spawn.rpc,
-            recorded: true,
-            events: Vec::new(),
-            dropped_events: 0,
-        }))
+            ..SpanRecord::default()
+        };
+        (context, Some(Box::new(span)))
     }
 
     fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
@@ -831,13 +843,13 @@ impl Core {
             if let Some(ran) = rec.view.started_at.and_then(|s| now.duration_since(s).ok()) {
                 self.stats.ended(&rec.view.bucket, ran);
             }
-            if let (AgentStatus::Cancelled, Some(trace)) = (to, rec.trace.as_mut()) {
+            if let (AgentStatus::Cancelled, Some(span)) = (to, rec.span.as_mut()) {
                 let reason = rec
                     .view
                     .error
                     .as_ref()
                     .map_or_else(|| Arc::from("cancelled"), |e| Arc::from(&*e.message));
-                trace.push(now, SpanEventKind::Cancelled { reason });
+                span.push(now, SpanEventKind::Cancelled { reason });
             }
             rec.prompt = None;
             rec.steer_buffer = Vec::new();
@@ -897,10 +909,14 @@ impl Core {
     /// recorded and sampled, its span export; both happen outside the lock.
     fn note_ended(&mut self, id: AgentId) {
         let rec = self.agents.get_mut(&id).expect("known agent");
-        let trace = match rec.trace.as_mut() {
-            Some(t) if t.recorded && t.context.sampled => Some(RunTrace {
-                events: std::mem::take(&mut t.events),
-                ..(**t).clone()
+        let context = rec.trace_context();
+        let trace = match rec.span.as_mut() {
+            Some(span) if context.sampled => Some(RunTrace {
+                context,
+                span: SpanRecord {
+                    events: std::mem::take(&mut span.events),
+                    ..(**span).clone()
+                },
             }),
             _ => None,
         };
@@ -1020,8 +1036,7 @@ impl Core {
         if let Some(steer) = steer_rx {
             // Kept until the agent ends: a retried run needs it again.
             let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
-            let traceparent: Option<Arc<str>> =
-                rec.trace.as_ref().map(|t| t.context.traceparent().into());
+            let traceparent: Arc<str> = rec.trace_context().traceparent().into();
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
@@ -1335,9 +1350,9 @@ impl Core {
             },
         };
         rec.view.approval = Some(Arc::new(approval.clone()));
-        if let Some(trace) = rec.trace.as_mut() {
+        if let Some(span) = rec.span.as_mut() {
             let tool = approval.tool_name.clone();
-            trace.push(SystemTime::now(), SpanEventKind::ApprovalRequested { tool });
+            span.push(SystemTime::now(), SpanEventKind::ApprovalRequested { tool });
         }
         let mut dirty = Dirty::default();
         self.transition(id, AgentStatus::AwaitingApproval, &mut dirty)
@@ -1477,9 +1492,9 @@ impl Core {
             run.cancel.cancel();
         }
         let agent_type = rec.view.agent.clone();
-        if let Some(trace) = rec.trace.as_mut() {
+        if let Some(span) = rec.span.as_mut() {
             let attempt = rec.view.attempt + 1;
-            trace.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
+            span.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
         }
         if rec.view.status == AgentStatus::Queued {
             // Approved and waiting for a slot: it stays queued, now also
@@ -1710,9 +1725,9 @@ impl Core {
                     }
                     (_, None) => {}
                 }
-                if let Some(trace) = rec.trace.as_mut() {
+                if let Some(span) = rec.span.as_mut() {
                     let bytes = delivered_bytes;
-                    trace.push(SystemTime::now(), SpanEventKind::SteerDelivered { bytes });
+                    span.push(SystemTime::now(), SpanEventKind::SteerDelivered { bytes });
                 }
                 SteerDelivery::Delivered
             }

@@ -604,7 +604,7 @@ fn report_ended(ended: Vec<trace::EndedRun>, sink: Option<&dyn trace::SpanSink>)
             error_code = code,
             error = message,
             ran_ms,
-            trace_id = a.trace_id.map(tracing::field::display),
+            trace_id = %a.trace_id,
             span_id = span_id.as_deref(),
             "agent ended"
         );

@@ -98,6 +98,15 @@ impl TraceContext {
         )
     }
 
+    /// The first span of a new trace.
+    pub fn new_root(sampled: bool) -> Self {
+        Self {
+            trace_id: TraceId::random(),
+            span_id: random_span_id(),
+            sampled,
+        }
+    }
+
     /// A new span in the same trace.
     pub fn child(&self, sampled: bool) -> Self {
         Self {
@@ -170,38 +179,40 @@ pub struct SpanEvent {
 /// steers in a loop must not grow a record without bound).
 pub const MAX_SPAN_EVENTS: usize = 64;
 
-/// One agent's place in a trace, kept on its record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunTrace {
-    /// The run's own span when spans are recorded; otherwise the context it
-    /// inherited (so runners and children still join the caller's trace).
-    pub context: TraceContext,
+/// The recorded part of a run's span, kept on its record only while a
+/// [`SpanSink`] records spans (boxed there: without a sink no run needs it).
+/// The run's own context is on the record itself, always.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpanRecord {
     /// The span this run's span is a child of: the parent agent's run span,
     /// or the Spawn caller's span for a root.
     pub parent: Option<TraceContext>,
     /// The Spawn RPC's server span.
     pub link: Option<TraceContext>,
-    /// Whether this run gets a span of its own that the sink exports.
-    pub recorded: bool,
     /// Events for the span, in order.
     pub events: Vec<SpanEvent>,
     /// Events beyond [`MAX_SPAN_EVENTS`].
     pub dropped_events: u32,
 }
 
-impl RunTrace {
-    /// Adds an event (or counts it as dropped past the cap). Only recorded
-    /// runs keep events.
+impl SpanRecord {
+    /// Adds an event (or counts it as dropped past the cap).
     pub fn push(&mut self, at: SystemTime, kind: SpanEventKind) {
-        if !self.recorded {
-            return;
-        }
         if self.events.len() < MAX_SPAN_EVENTS {
             self.events.push(SpanEvent { at, kind });
         } else {
             self.dropped_events += 1;
         }
     }
+}
+
+/// The span of an ended run, as the sink exports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunTrace {
+    /// The run's own span.
+    pub context: TraceContext,
+    /// Parent, link and events.
+    pub span: SpanRecord,
 }
 
 /// A run that reached its terminal state, for the sink.
@@ -278,38 +289,15 @@ mod tests {
     }
 
     #[test]
-    fn events_are_capped_and_unrecorded_runs_keep_none() {
-        let cx = TraceContext {
-            trace_id: TraceId::random(),
-            span_id: 1,
-            sampled: true,
-        };
-        let mut t = RunTrace {
-            context: cx,
-            parent: None,
-            link: None,
-            recorded: true,
-            events: Vec::new(),
-            dropped_events: 0,
-        };
+    fn span_events_are_capped() {
+        let mut span = SpanRecord::default();
         for _ in 0..MAX_SPAN_EVENTS + 3 {
-            t.push(
+            span.push(
                 SystemTime::now(),
                 SpanEventKind::SteerDelivered { bytes: 1 },
             );
         }
-        assert_eq!(t.events.len(), MAX_SPAN_EVENTS);
-        assert_eq!(t.dropped_events, 3);
-        let mut quiet = RunTrace {
-            recorded: false,
-            events: Vec::new(),
-            dropped_events: 0,
-            ..t
-        };
-        quiet.push(
-            SystemTime::now(),
-            SpanEventKind::SteerDelivered { bytes: 1 },
-        );
-        assert!(quiet.events.is_empty());
+        assert_eq!(span.events.len(), MAX_SPAN_EVENTS);
+        assert_eq!(span.dropped_events, 3);
     }
 }

@@ -199,9 +199,9 @@ pub struct AgentView {
     /// The worker session holding its run (worker agent types, while the
     /// run is on a worker).
     pub worker_id: Option<Uuid>,
-    /// The trace the agent's run belongs to, if any (tracing on, or the
-    /// Spawn carried a trace context).
-    pub trace_id: Option<super::trace::TraceId>,
+    /// The trace the agent's run belongs to: inherited from its parent or
+    /// the Spawn caller, else a new one; always set.
+    pub trace_id: super::trace::TraceId,
     /// Which run this is: 1 for the first, + 1 per retry after a lost
     /// worker; 0 before the first start.
     pub attempt: u32,

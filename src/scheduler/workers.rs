@@ -80,8 +80,8 @@ pub struct Assignment {
     pub steer_messages: Vec<String>,
     /// When the server ends the run with DEADLINE_EXCEEDED.
     pub deadline: SystemTime,
-    /// W3C trace context for the worker's spans, if the Spawn carried one.
-    pub traceparent: Option<Arc<str>>,
+    /// W3C trace context of the run, for the worker's spans; always set.
+    pub traceparent: Arc<str>,
 }
 
 /// What a worker reports about one of its runs.

@@ -152,6 +152,7 @@ impl RunSpans {
             _ => Status::Unset,
         };
         let events = trace
+            .span
             .events
             .iter()
             .map(|e| {
@@ -177,6 +178,7 @@ impl RunSpans {
             })
             .collect();
         let links = trace
+            .span
             .link
             .iter()
             .map(|rpc| {
@@ -189,16 +191,16 @@ impl RunSpans {
             .collect();
         let mut span_events = SpanEvents::default();
         span_events.events = events;
-        span_events.dropped_count = trace.dropped_events;
+        span_events.dropped_count = trace.span.dropped_events;
         let mut span_links = SpanLinks::default();
         span_links.links = links;
         Some(SpanData {
             span_context: otel_context(&trace.context, false),
-            parent_span_id: trace.parent.map_or(SpanId::INVALID, |p| {
+            parent_span_id: trace.span.parent.map_or(SpanId::INVALID, |p| {
                 SpanId::from_bytes(p.span_id.to_be_bytes())
             }),
             // A root's parent is the Spawn caller's span, in another process.
-            parent_span_is_remote: trace.parent.is_some() && a.parent_id.is_none(),
+            parent_span_is_remote: trace.span.parent.is_some() && a.parent_id.is_none(),
             span_kind: SpanKind::Internal,
             name: Cow::Owned(format!("invoke_agent {}", a.agent)),
             start_time: start,
@@ -244,7 +246,10 @@ mod tests {
     use std::{sync::Arc, time::SystemTime};
 
     use super::*;
-    use crate::scheduler::{trace::RunTrace, AgentError, AgentView};
+    use crate::scheduler::{
+        trace::{RunTrace, SpanRecord},
+        AgentError, AgentView,
+    };
 
     #[derive(Debug)]
     struct Discard;
@@ -308,7 +313,7 @@ mod tests {
             bucket: "acme/m1".into(),
             worker_id: None,
             attempt: 1,
-            trace_id: Some(TraceId::new(0xabc).unwrap()),
+            trace_id: TraceId::new(0xabc).unwrap(),
         }
     }
 
@@ -317,14 +322,13 @@ mod tests {
         let s = sink(Sampler::AlwaysOn);
         let trace = RunTrace {
             context: cx(true),
-            parent: Some(TraceContext {
-                span_id: 0x41,
-                ..cx(true)
-            }),
-            link: None,
-            recorded: true,
-            events: Vec::new(),
-            dropped_events: 0,
+            span: SpanRecord {
+                parent: Some(TraceContext {
+                    span_id: 0x41,
+                    ..cx(true)
+                }),
+                ..SpanRecord::default()
+            },
         };
         let a = agent(AgentStatus::Failed);
         let data = s

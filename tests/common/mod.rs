@@ -268,3 +268,33 @@ pub async fn steer(
         .expect("steer succeeds")
         .into_inner()
 }
+
+/// Asserts `traceparent` is a valid W3C version-00 value in trace
+/// `trace_id` whose sampled flag is `sampled`, and returns its span id.
+#[allow(dead_code)]
+pub fn assert_traceparent_in(traceparent: &str, trace_id: &str, sampled: bool) -> String {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent:?}");
+    let hex = |s: &str, len: usize| {
+        s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    assert_eq!(parts[0], "00", "{traceparent:?}");
+    assert!(
+        hex(trace_id, 32) && trace_id.bytes().any(|b| b != b'0'),
+        "trace id {trace_id:?}"
+    );
+    assert_eq!(
+        parts[1], trace_id,
+        "{traceparent:?} is not in trace {trace_id}"
+    );
+    assert!(
+        hex(parts[2], 16) && parts[2] != "0000000000000000",
+        "{traceparent:?}"
+    );
+    assert_eq!(
+        parts[3],
+        if sampled { "01" } else { "00" },
+        "{traceparent:?}"
+    );
+    parts[2].to_owned()
+}

@@ -76,8 +76,8 @@ class Run:
         self.id: str = assignment.agent.id
         #: The prompt.
         self.prompt: str = assignment.prompt
-        #: W3C trace context of the Spawn call (empty if none), to parent
-        #: this worker's own spans.
+        #: W3C trace context of the run (always set; its trace id is the
+        #: agent's ``trace_id``), to parent this worker's own spans.
         self.traceparent: str = assignment.traceparent
         self._send = send
         self._steers: "queue.Queue[str]" = queue.Queue()
