@@ -10,6 +10,7 @@ use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
 
 use crate::{
+    api::deadline::DeadlineLayer,
     api::{
         ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
         workers::WorkerServiceImpl,
@@ -198,6 +199,9 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 .http2_keepalive_interval(Some(keepalive_interval))
                 .http2_keepalive_timeout(Some(keepalive_timeout))
                 .layer(rpc_layer)
+                // Inside the RPC layer, so what it counts and traces is the
+                // DEADLINE_EXCEEDED this one answers.
+                .layer(DeadlineLayer)
                 // Health.Watch streams end at shutdown (after the
                 // NOT_SERVING update) instead of holding the exit back.
                 .add_service(EndOnShutdown::new(

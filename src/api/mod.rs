@@ -1,7 +1,9 @@
 //! The gRPC edge: request parsing and response building ([`convert`]), the
-//! error mapping ([`status`]) and the service itself ([`service`]).
+//! error mapping ([`status`]), call deadlines ([`deadline`]) and the
+//! service itself ([`service`]).
 
 pub mod convert;
+pub mod deadline;
 pub mod ending;
 pub mod service;
 pub mod status;

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     convert,
+    deadline::CallDeadline,
     status::{reason_of, watch_lagged},
 };
 use crate::pb::{self, agent_service_server::AgentService};
@@ -85,13 +86,17 @@ impl AgentService for AgentServiceImpl {
             caller: convert::trace_context_from(request.metadata()),
             rpc: crate::telemetry::current_span_context(),
         };
+        let deadline = request
+            .extensions()
+            .get::<CallDeadline>()
+            .map(CallDeadline::passes_at);
         let spawned = match convert::parse_spawn(request.into_inner()) {
             Ok(mut spec) => {
                 spec.trace = trace;
                 if spec.background {
                     self.scheduler.spawn(spec)
                 } else {
-                    self.scheduler.spawn_foreground(spec).await
+                    self.scheduler.spawn_foreground(spec, deadline).await
                 }
             }
             Err(e) => Err(e),

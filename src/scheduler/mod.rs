@@ -283,12 +283,18 @@ impl Scheduler {
 
     /// Foreground spawn: admits the agent, then waits until it settles. If
     /// the returned future is dropped first (the caller went away), the
-    /// agent is cancelled.
-    pub async fn spawn_foreground(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
+    /// agent is cancelled; from `deadline` on (the call's deadline), the
+    /// cancel says that the deadline passed.
+    pub async fn spawn_foreground(
+        &self,
+        spec: SpawnSpec,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<AgentView, Error> {
         let (view, existing) = self.with_core(|c| c.spawn(spec, SystemTime::now()))?;
         let guard = CancelOnDrop {
             scheduler: self.clone(),
             id: view.id,
+            deadline,
             // A retried foreground Spawn that found an earlier agent must not
             // cancel it when this caller leaves: the first caller owns it.
             armed: !existing,
@@ -493,6 +499,7 @@ impl Drop for WaiterGuard<'_> {
 struct CancelOnDrop {
     scheduler: Scheduler,
     id: AgentId,
+    deadline: Option<tokio::time::Instant>,
     armed: bool,
 }
 
@@ -507,9 +514,13 @@ impl Drop for CancelOnDrop {
         if self.armed {
             // NotFound cannot happen for a live foreground agent; an agent
             // that ended meanwhile is simply not cancelled.
-            let _ = self
-                .scheduler
-                .cancel(self.id, "the foreground caller went away");
+            let reason = match self.deadline {
+                Some(d) if tokio::time::Instant::now() >= d => {
+                    "the foreground Spawn call's deadline passed"
+                }
+                _ => "the foreground caller went away",
+            };
+            let _ = self.scheduler.cancel(self.id, reason);
         }
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! A call ends when its response body ends, not when its headers are sent:
 //! a unary success carries `grpc-status` in the trailers, a stream runs
-//! until its last message, and a call the client abandons (cancel, or its
-//! deadline) is counted as CANCELLED when the server drops its handler or
-//! its unfinished body.
+//! until its last message, and a call the client abandons is counted when
+//! the server drops its handler or its unfinished body: as
+//! DEADLINE_EXCEEDED if its `grpc-timeout` had passed (the client's timer
+//! and the server's race; see [`CallDeadline::has_passed`]), else as
+//! CANCELLED. A call that ends DEADLINE_EXCEEDED is also logged.
 
 use std::{
     collections::HashSet,
@@ -25,6 +27,7 @@ use tracing::{field::Empty, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::metrics::{ApiMetrics, RpcLabels};
+use crate::api::deadline::CallDeadline;
 
 /// The layer (see the module docs).
 #[derive(Debug, Clone)]
@@ -137,6 +140,7 @@ where
             });
             let _ = span.set_parent(parent);
         }
+        let deadline = CallDeadline::from_headers(req.headers());
         let future = {
             let _entered = span.enter();
             self.inner.call(req)
@@ -146,6 +150,7 @@ where
             call: Some(Call {
                 span,
                 started: Instant::now(),
+                deadline,
                 service,
                 method,
                 shared: self.shared.clone(),
@@ -158,14 +163,38 @@ where
 struct Call {
     span: Span,
     started: Instant,
+    deadline: Option<CallDeadline>,
     service: &'static str,
     method: &'static str,
     shared: Arc<Shared>,
 }
 
 impl Call {
+    /// Ends a call the server dropped before it answered in full: the
+    /// client went away, at its deadline or before.
+    fn abandoned(self) {
+        let code = if self.deadline.is_some_and(|d| d.has_passed()) {
+            tonic::Code::DeadlineExceeded
+        } else {
+            tonic::Code::Cancelled
+        };
+        self.end(code);
+    }
+
     fn end(self, code: tonic::Code) {
         let name = code_name(code);
+        if code == tonic::Code::DeadlineExceeded {
+            if let Some(d) = self.deadline {
+                tracing::info!(
+                    target: "subagentd::rpc",
+                    service = self.service,
+                    method = self.method,
+                    code = name,
+                    timeout_ms = d.timeout.as_millis() as u64,
+                    "call ended: its deadline passed"
+                );
+            }
+        }
         self.span.record("rpc.grpc.status_code", code as i32);
         if is_server_error(code) {
             self.span.record("otel.status_code", "ERROR");
@@ -229,7 +258,7 @@ pin_project! {
             // Dropped before the handler answered: the client cancelled the
             // call or its deadline passed (it reset the stream).
             if let Some(call) = this.project().call.take() {
-                call.end(tonic::Code::Cancelled);
+                call.abandoned();
             }
         }
     }
@@ -287,7 +316,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             // Dropped before its trailers: the client went away.
             if let Some(call) = this.project().call.take() {
-                call.end(tonic::Code::Cancelled);
+                call.abandoned();
             }
         }
     }

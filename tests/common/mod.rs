@@ -298,3 +298,59 @@ pub fn assert_traceparent_in(traceparent: &str, trace_id: &str, sampled: bool) -
     );
     parts[2].to_owned()
 }
+
+/// One scrape: `name{labels}` → value, as the text exposition prints them.
+#[allow(dead_code)]
+pub async fn scrape(s: &TestServer) -> std::collections::HashMap<String, f64> {
+    let addr = s.handle.metrics_addr().expect("metrics endpoint on");
+    let response = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape answers");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let body = response.text().await.unwrap();
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("series value");
+            (series.to_owned(), value.parse().expect("numeric value"))
+        })
+        .collect()
+}
+
+#[allow(dead_code)]
+pub fn value(scrape: &std::collections::HashMap<String, f64>, series: &str) -> f64 {
+    *scrape
+        .get(series)
+        .unwrap_or_else(|| panic!("no {series} in {:#?}", scrape.keys().collect::<Vec<_>>()))
+}
+
+/// A plain HTTP/2 client that sends a call's `grpc-timeout` without
+/// enforcing it (tonic's channel enforces it locally and answers CANCELLED
+/// first): for tests of what the server answers when a deadline passes.
+#[allow(dead_code)]
+pub type UnenforcedClient = AgentServiceClient<
+    hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        tonic::body::Body,
+    >,
+>;
+
+/// An [`UnenforcedClient`] for the server at `addr`.
+#[allow(dead_code)]
+pub fn unenforced_client(addr: std::net::SocketAddr) -> UnenforcedClient {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    let http2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build(connector);
+    AgentServiceClient::with_origin(http2, format!("http://{addr}").parse().unwrap())
+}
