@@ -12,14 +12,14 @@ use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
         queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
-        AgentId, Core, ParentKey, SpawnSpec, WatchQuery,
+        AgentFilter, AgentId, AgentStatus, Core, ParentKey, Received, SpawnSpec, WatchQuery,
     },
 };
 
 const LEADS: usize = 64;
 
 fn core(buckets: usize) -> Core {
-    let limits = Limits {
+    core_with(Limits {
         max_background_agents: u32::MAX,
         // One running agent per bucket: every spawn into a bucket with a
         // running agent queues, every finish starts the bucket's next agent.
@@ -29,7 +29,10 @@ fn core(buckets: usize) -> Core {
         // length stays constant.
         max_concurrent_per_parent: buckets as u32 + 1,
         ..Limits::default()
-    };
+    })
+}
+
+fn core_with(limits: Limits) -> Core {
     Core::new(
         limits,
         RunsConfig::default(),
@@ -191,7 +194,7 @@ fn watch_fanout(c: &mut Criterion) {
                     let (view, _) = core.spawn(s, SystemTime::now()).expect("admitted");
                     core.finish(view.id, Ok(String::new()));
                     for rx in subs.iter_mut() {
-                        while let Ok(ev) = rx.try_recv() {
+                        while let Received::Event(ev) = rx.try_recv() {
                             black_box(ev);
                         }
                     }
@@ -204,10 +207,72 @@ fn watch_fanout(c: &mut Criterion) {
     group.finish();
 }
 
+/// A core retaining `finished` finished agents, then 100 running ones
+/// under lead `lead-watched` (the finished ones are spread over 64 other
+/// leads), as a dashboard server looks after a busy day.
+fn retaining(finished: usize) -> Core {
+    let mut core = core_with(Limits {
+        max_background_agents: u32::MAX,
+        default_concurrency: 0,
+        max_concurrent_per_parent: 0,
+        ..Limits::default()
+    });
+    let now = SystemTime::now();
+    for i in 0..finished {
+        let (view, _) = core.spawn(spec(0, i % LEADS), now).expect("admitted");
+        core.finish(view.id, Ok(String::new()));
+        drop(core.take_starts());
+    }
+    for _ in 0..100 {
+        let mut s = spec(0, 0);
+        s.lead_id = Some("lead-watched".into());
+        core.spawn(s, now).expect("admitted");
+    }
+    drop(core.take_starts());
+    core
+}
+
+/// What a dashboard polls: `Status{statuses=[RUNNING], page_size=100}`, and
+/// the WatchAgents snapshot of one lead's agents, with 1M retained
+/// finished agents and 100 running.
+fn status_listing(c: &mut Criterion) {
+    let mut group = c.benchmark_group("status_listing");
+    group.sample_size(20);
+    let mut core = retaining(1_000_000);
+    let running = AgentFilter {
+        statuses: vec![AgentStatus::Running],
+        ..AgentFilter::default()
+    };
+    group.bench_function("running_page_100_of_1m_retained", |b| {
+        b.iter(|| {
+            let page = core.list(&running, 0, 100);
+            assert_eq!(page.agents.len(), 100);
+            black_box(page)
+        })
+    });
+    let lead = WatchQuery {
+        filter: AgentFilter {
+            lead_id: Some("lead-watched".into()),
+            ..AgentFilter::default()
+        },
+        include_snapshot: true,
+        ..WatchQuery::default()
+    };
+    group.bench_function("lead_snapshot_100_of_1m_retained", |b| {
+        b.iter(|| {
+            let sub = core.subscribe(&lead);
+            assert_eq!(sub.initial.len(), 100);
+            black_box(sub)
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     queue_admission_and_release,
     admission_and_release,
-    watch_fanout
+    watch_fanout,
+    status_listing
 );
 criterion_main!(benches);

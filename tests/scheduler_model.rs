@@ -22,7 +22,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::Arc,
     time::SystemTime,
 };
 
@@ -30,14 +29,12 @@ use proptest::{prelude::*, sample::Index, test_runner::Config as ProptestConfig}
 use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
-        core::Counters, AgentError, AgentId, AgentStatus, AgentView, ApprovalOutcome, Core, Error,
-        Event, EventKind, SpawnSpec, WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
+        core::Counters, AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome,
+        Core, Error, Event, EventKind, Live, Received, SpawnSpec, WatchQuery, WorkerCommand,
+        WorkerEvent, WorkerId, WorkerInfo,
     },
 };
-use tokio::sync::{
-    broadcast::{self, error::TryRecvError},
-    mpsc, oneshot,
-};
+use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 const MODELS: [&str; 3] = ["p1/a", "p1/b", "p2/c"];
@@ -312,7 +309,11 @@ enum EntryChanges {
 
 struct Harness {
     core: Core,
-    events: broadcast::Receiver<Arc<Event>>,
+    /// Every event (the broadcast ring).
+    events: Live,
+    /// Events of `LEADS[0]`'s agents, routed: must be exactly the events
+    /// of `events` under that lead.
+    lead_events: Live,
     limits: Limits,
     initial: LimitsPick,
     entry_changes: EntryChanges,
@@ -384,9 +385,19 @@ impl Harness {
         };
         let mut core = Core::new(limits.clone(), RunsConfig::default(), &watch, agent_types());
         let events = core.subscribe(&WatchQuery::default()).live;
+        let lead_events = core
+            .subscribe(&WatchQuery {
+                filter: AgentFilter {
+                    lead_id: Some(LEADS[0].to_owned()),
+                    ..AgentFilter::default()
+                },
+                ..WatchQuery::default()
+            })
+            .live;
         Self {
             core,
             events,
+            lead_events,
             limits,
             initial,
             entry_changes,
@@ -498,15 +509,32 @@ impl Harness {
     /// each transition at the moment it happened. Returns (agent, kind).
     fn drain_events(&mut self) -> Vec<(AgentId, EventKind)> {
         let mut seen = Vec::new();
+        let mut of_lead = Vec::new();
         loop {
             let ev = match self.events.try_recv() {
-                Ok(ev) => ev,
-                Err(TryRecvError::Empty) => break,
-                Err(e) => panic!("{}: the event log broke: {e:?}", self.ctx),
+                Received::Event(ev) => ev,
+                Received::Empty => break,
+                e => panic!("{}: the event log broke: {e:?}", self.ctx),
             };
             self.apply_event(&ev);
             seen.push((ev.agent.id, ev.kind));
+            if ev.agent.lead_id.as_deref() == Some(LEADS[0]) {
+                of_lead.push(ev.sequence);
+            }
         }
+        let mut routed = Vec::new();
+        loop {
+            match self.lead_events.try_recv() {
+                Received::Event(ev) => routed.push(ev.sequence),
+                Received::Empty => break,
+                e => panic!("{}: the routed watch broke: {e:?}", self.ctx),
+            }
+        }
+        assert_eq!(
+            routed, of_lead,
+            "{}: a lead's routed watch gets exactly that lead's events",
+            self.ctx
+        );
         seen
     }
 
@@ -1467,7 +1495,10 @@ impl Harness {
             "{ctx}: runs handed out by take_starts"
         );
 
-        assert!(self.events.is_empty(), "{ctx}: events left over");
+        assert!(
+            matches!(self.events.try_recv(), Received::Empty),
+            "{ctx}: events left over"
+        );
     }
 
     /// Cancels every live agent; then every counter must be zero.

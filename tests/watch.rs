@@ -627,19 +627,78 @@ async fn after_sequence_older_than_the_history_sends_snapshots_then_live_events(
 /// a 64 KiB window plus an 8-event ring can hold.
 const FLOOD: usize = 3000;
 
+const FLOOD_CONFIG: &str = "[limits]\nmax_background_agents = 10000\ndefault_concurrency = 0\n\
+                            max_concurrent_per_parent = 0\n[watch]\nsubscriber_buffer = 8\n";
+
 #[tokio::test]
 async fn a_lagging_subscriber_is_cut_with_a_resume_hint_while_others_continue() {
-    let toml = "[limits]\nmax_background_agents = 10000\ndefault_concurrency = 0\n\
-                max_concurrent_per_parent = 0\n[watch]\nsubscriber_buffer = 8\n";
-    let mut s = TestServer::start(toml).await;
+    lagging_subscriber(None).await;
+}
+
+/// The same for subscribers routed by their filter (their own bounded
+/// queues instead of the broadcast ring).
+#[tokio::test]
+async fn a_lagging_lead_subscriber_is_cut_with_a_resume_hint_while_others_continue() {
+    lagging_subscriber(Some("flood-lead")).await;
+}
+
+/// A routed subscriber's buffer holds only the events routed to it: a
+/// watcher of a quiet lead that is not read while another lead floods the
+/// server is not cut off, and then gets its own lead's events.
+#[tokio::test]
+async fn a_quiet_lead_s_watcher_is_not_cut_by_another_lead_s_flood() {
+    let mut s = TestServer::start(FLOOD_CONFIG).await;
+    let mut quiet_client = connect_with_small_window(s.handle.addr()).await;
+    let mut quiet = watch(
+        &mut quiet_client,
+        pb::WatchAgentsRequest {
+            lead_id: "quiet".into(),
+            ..all_agents()
+        },
+    )
+    .await;
+    for _ in 0..FLOOD {
+        spawn(&mut s.client, with_lead("loud", bg("m/x", "hi"))).await;
+    }
+    let mine = spawn(&mut s.client, with_lead("quiet", bg("m/x", "hi"))).await;
+    let events = read_until_terminal(&mut quiet, &[&mine.id]).await;
+    assert!(
+        events.iter().all(|ev| id_of(ev) == mine.id),
+        "only the quiet lead's events: {events:?}"
+    );
+    assert_eq!(
+        events.iter().map(kind).collect::<Vec<_>>(),
+        [Kind::Started, Kind::Done]
+    );
+    // A routed watcher that goes away is unsubscribed.
+    drop(quiet);
+    let scheduler = s.handle.scheduler().clone();
+    let until = tokio::time::Instant::now() + EVENT_WAIT;
+    while scheduler.inspect(|c| c.watch_subscribers()) != 0 {
+        assert!(tokio::time::Instant::now() < until, "still subscribed");
+        tokio::task::yield_now().await;
+    }
+    s.handle.shutdown().await.unwrap();
+}
+
+/// One watcher that is not read during a flood of `FLOOD` agents is cut
+/// off with a resume hint that works, while one that reads keeps up. Both
+/// watch `lead` (every flood agent is under it) or, with None, everything.
+async fn lagging_subscriber(lead: Option<&str>) {
+    let mut s = TestServer::start(FLOOD_CONFIG).await;
+    let filter = pb::WatchAgentsRequest {
+        lead_id: lead.unwrap_or_default().to_owned(),
+        ..all_agents()
+    };
+    let flood_agent = || with_lead(lead.unwrap_or_default(), bg("m/x", "hi"));
 
     // The slow watcher is never read until the flood is over.
     let mut slow_client = connect_with_small_window(s.handle.addr()).await;
-    let mut slow = watch(&mut slow_client, all_agents()).await;
+    let mut slow = watch(&mut slow_client, filter.clone()).await;
 
     // The fast watcher reads everything as it comes, on its own connection.
     let mut fast_client = s.new_client().await;
-    let mut fast = watch(&mut fast_client, all_agents()).await;
+    let mut fast = watch(&mut fast_client, filter.clone()).await;
     let fast_reader = tokio::spawn(async move {
         let mut done = HashSet::new();
         while done.len() < FLOOD {
@@ -664,7 +723,7 @@ async fn a_lagging_subscriber_is_cut_with_a_resume_hint_while_others_continue() 
 
     let mut spawned = HashSet::new();
     for _ in 0..FLOOD {
-        spawned.insert(spawn(&mut s.client, bg("m/x", "hi")).await.id);
+        spawned.insert(spawn(&mut s.client, flood_agent()).await.id);
     }
     let done = tokio::time::timeout(Duration::from_secs(120), fast_reader)
         .await
@@ -718,7 +777,7 @@ async fn a_lagging_subscriber_is_cut_with_a_resume_hint_while_others_continue() 
         &mut slow_client,
         pb::WatchAgentsRequest {
             after_sequence: resume_after,
-            ..Default::default()
+            ..filter.clone()
         },
     )
     .await;

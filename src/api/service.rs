@@ -5,10 +5,6 @@ use std::{pin::Pin, sync::Arc, time::SystemTime};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use tokio::sync::broadcast::{
-    self,
-    error::{RecvError, TryRecvError},
-};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -18,7 +14,7 @@ use super::{
     status::{reason_of, watch_lagged},
 };
 use crate::pb::{self, agent_service_server::AgentService};
-use crate::scheduler::{trace::SpawnTrace, AgentFilter, Event, Scheduler};
+use crate::scheduler::{trace::SpawnTrace, AgentFilter, Event, Received, Scheduler, WatchLive};
 use crate::telemetry::metrics::ApiMetrics;
 
 /// The gRPC service over a [`Scheduler`].
@@ -207,9 +203,9 @@ impl AgentService for AgentServiceImpl {
 /// pass its filter.
 struct WatchState {
     initial: std::vec::IntoIter<Arc<Event>>,
-    /// Lifecycle events, plus progress if the subscriber asked for it (the
-    /// scheduler hands out the matching channel).
-    live: broadcast::Receiver<Arc<Event>>,
+    /// Lifecycle events, plus progress if the subscriber asked for it
+    /// (all events, or only the matching ones for a routed filter).
+    live: WatchLive,
     filter: AgentFilter,
     /// Sequence a client should resume after if cut off now.
     resume_after: u64,
@@ -232,9 +228,8 @@ impl WatchState {
                 // cancellations of the shutdown itself among it), then end
                 // the stream cleanly.
                 match self.live.try_recv() {
-                    Ok(event) => Ok(event),
-                    Err(TryRecvError::Lagged(missed)) => Err(RecvError::Lagged(missed)),
-                    Err(TryRecvError::Empty | TryRecvError::Closed) => return None,
+                    Received::Empty | Received::Closed => return None,
+                    received => received,
                 }
             } else {
                 tokio::select! {
@@ -244,20 +239,20 @@ impl WatchState {
                 }
             };
             match received {
-                Ok(event) => {
+                Received::Event(event) => {
                     // Seen, matching or not: a resume starts after it.
                     self.resume_after = event.sequence;
                     if self.filter.matches(&event.agent) {
                         return Some((Ok(convert::event_wire(&event)), self));
                     }
                 }
-                Err(RecvError::Lagged(missed)) => {
+                Received::Lagged(missed) => {
                     self.done = true;
                     self.metrics.watch_lagged();
                     let status = watch_lagged(missed, self.resume_after);
                     return Some((Err(status), self));
                 }
-                Err(RecvError::Closed) => return None,
+                Received::Closed | Received::Empty => return None,
             }
         }
     }

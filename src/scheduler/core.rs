@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::{
     error::{Error, FieldViolation},
-    events::{EventKind, EventLog, Progress, Subscription},
+    events::{EventKind, EventLog, Progress, SubscriberId, Subscription},
     inbox::{steer_inbox, SteerInbox, SteerSender},
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
     state::{check_move, Held},
@@ -1938,6 +1938,11 @@ impl Core {
         });
         self.events
             .subscribe(filter, after_sequence, snapshot, *include_progress)
+    }
+
+    /// Ends a routed subscription (see [`EventLog::unsubscribe`]).
+    pub fn unsubscribe(&mut self, id: SubscriberId) {
+        self.events.unsubscribe(id);
     }
 
     fn publish(&mut self, id: AgentId, kind: EventKind) {

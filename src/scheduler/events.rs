@@ -1,11 +1,21 @@
 //! The lifecycle event log behind WatchAgents: server-wide sequence numbers,
-//! a bounded history for `after_sequence` replay, and a broadcast fan-out.
+//! a bounded history for `after_sequence` replay, and the fan-out.
 //!
-//! Publishing never waits: `broadcast::Sender::send` overwrites the oldest
-//! slot of its ring, and a subscriber that falls more than the ring's size
-//! behind learns it on its next receive (`Lagged`) and is cut off by the
-//! API layer with the sequence to resume after. So a slow subscriber costs
-//! the scheduler nothing.
+//! Two fan-outs, by what a subscriber filters on:
+//! - Filtered by agent ids, parent, root or lead: *routed*. Each such
+//!   subscriber has a bounded queue of its own, registered under one route
+//!   key (see [`route_of`]); publishing looks up the event's four keys and
+//!   pushes only to the subscribers registered there whose filter matches.
+//!   So an event costs O(subscribers it matches), not O(subscribers), and
+//!   a subscriber's buffer counts only the events routed to it.
+//! - Unfiltered (or by status only): a `broadcast` ring, one O(1) send per
+//!   event whatever the number of such subscribers; each filters on read.
+//!
+//! Publishing never waits either way: the ring overwrites its oldest slot,
+//! and a full routed queue stops taking events and counts what it missed.
+//! A subscriber that fell behind learns it once it has read what it was
+//! sent (`Lagged`) and is cut off by the API layer with the sequence to
+//! resume after. So a slow subscriber costs the scheduler nothing.
 
 use std::{
     collections::VecDeque,
@@ -14,10 +24,16 @@ use std::{
 };
 
 use bytes::Bytes;
+use foldhash::HashMap;
+use tokio::sync::{
+    broadcast::{
+        self,
+        error::{RecvError, TryRecvError},
+    },
+    Notify,
+};
 
-use tokio::sync::broadcast;
-
-use super::types::{AgentFilter, AgentView};
+use super::types::{AgentFilter, AgentId, AgentView};
 
 /// What happened to an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +126,10 @@ pub struct EventLog {
     /// subscriber, sends to it cost a receiver-count check and progress is
     /// not even built.
     tx_progress: broadcast::Sender<Arc<Event>>,
+    /// Filtered subscribers, by route key.
+    routes: Routes,
+    /// Events a routed subscriber may hold unread.
+    subscriber_buffer: usize,
 }
 
 /// What a new subscriber starts with, taken atomically with its receiver so
@@ -119,7 +139,7 @@ pub struct Subscription {
     /// Snapshot or replayed events, in sequence order.
     pub initial: Vec<Arc<Event>>,
     /// Live events published after the subscription.
-    pub live: broadcast::Receiver<Arc<Event>>,
+    pub live: Live,
     /// Newest sequence number at subscription: every event up to it is
     /// covered by `initial` (or was not asked for).
     pub position: u64,
@@ -136,17 +156,19 @@ impl EventLog {
             evicted_through: 0,
             tx: broadcast::channel(subscriber_buffer.max(1)).0,
             tx_progress: broadcast::channel(subscriber_buffer.max(1)).0,
+            routes: Routes::default(),
+            subscriber_buffer: subscriber_buffer.max(1),
         }
     }
 
     /// Open subscriptions (WatchAgents streams).
     pub fn subscriber_count(&self) -> usize {
-        self.tx.receiver_count() + self.tx_progress.receiver_count()
+        self.tx.receiver_count() + self.tx_progress.receiver_count() + self.routes.sinks.len()
     }
 
     /// Whether some subscriber wants progress events.
     pub fn wants_progress(&self) -> bool {
-        self.tx_progress.receiver_count() > 0
+        self.tx_progress.receiver_count() > 0 || self.routes.progress > 0
     }
 
     /// Numbers and broadcasts one progress event. Not kept in the history:
@@ -159,7 +181,13 @@ impl EventLog {
         };
         let mut event = Event::new(self.take_sequence(), kind, agent);
         event.progress = Some(progress);
-        let _ = self.tx_progress.send(Arc::new(event));
+        let event = Arc::new(event);
+        if self.routes.progress > 0 {
+            self.routes.route(&event, true, self.subscriber_buffer);
+        }
+        if self.tx_progress.receiver_count() > 0 {
+            let _ = self.tx_progress.send(event);
+        }
     }
 
     /// Numbers, records and broadcasts one event.
@@ -171,6 +199,9 @@ impl EventLog {
             }
         }
         self.history.push_back(event.clone());
+        if !self.routes.sinks.is_empty() {
+            self.routes.route(&event, false, self.subscriber_buffer);
+        }
         // No receivers is not an error: nobody is watching.
         if self.tx_progress.receiver_count() > 0 {
             let _ = self.tx_progress.send(event.clone());
@@ -215,10 +246,10 @@ impl EventLog {
         snapshot: Option<Vec<AgentView>>,
         include_progress: bool,
     ) -> Subscription {
-        let live = if include_progress {
-            self.tx_progress.subscribe()
-        } else {
-            self.tx.subscribe()
+        let live = match route_of(filter) {
+            Some(_) => Live::Routed(self.routes.add(filter, include_progress)),
+            None if include_progress => Live::Broadcast(self.tx_progress.subscribe()),
+            None => Live::Broadcast(self.tx.subscribe()),
         };
         let initial = if let Some(agents) = snapshot {
             agents
@@ -242,5 +273,420 @@ impl EventLog {
             live,
             position: self.last_sequence(),
         }
+    }
+
+    /// Forgets a routed subscriber (its stream ended). Unknown ids are
+    /// ignored, so this may be called more than once.
+    pub fn unsubscribe(&mut self, id: SubscriberId) {
+        self.routes.remove(id);
+    }
+}
+
+impl Drop for EventLog {
+    fn drop(&mut self) {
+        // Like dropping the broadcast senders: routed subscribers read what
+        // they have, then learn the log is gone.
+        for sink in self.routes.sinks.values() {
+            sink.queue.close();
+        }
+    }
+}
+
+/// Identifies a routed subscriber, for [`EventLog::unsubscribe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubscriberId(u64);
+
+/// What a subscriber receives live.
+#[derive(Debug)]
+pub enum Live {
+    /// Every event (the subscriber filters): unfiltered subscribers.
+    Broadcast(broadcast::Receiver<Arc<Event>>),
+    /// Only events that match its filter: subscribers filtered by ids,
+    /// parent, root or lead. Must be unsubscribed when dropped (the
+    /// scheduler handle's subscription does that).
+    Routed(RoutedReceiver),
+}
+
+/// One live read.
+#[derive(Debug)]
+pub enum Received {
+    /// The next event.
+    Event(Arc<Event>),
+    /// The subscriber fell behind: this many events were not delivered,
+    /// all after the ones it received.
+    Lagged(u64),
+    /// The log is gone (the scheduler was dropped).
+    Closed,
+    /// Nothing to read now (only from [`Live::try_recv`]).
+    Empty,
+}
+
+impl Live {
+    /// Waits for the next event (never [`Received::Empty`]).
+    pub async fn recv(&mut self) -> Received {
+        match self {
+            Live::Broadcast(rx) => match rx.recv().await {
+                Ok(event) => Received::Event(event),
+                Err(RecvError::Lagged(missed)) => Received::Lagged(missed),
+                Err(RecvError::Closed) => Received::Closed,
+            },
+            Live::Routed(rx) => rx.recv().await,
+        }
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&mut self) -> Received {
+        match self {
+            Live::Broadcast(rx) => match rx.try_recv() {
+                Ok(event) => Received::Event(event),
+                Err(TryRecvError::Lagged(missed)) => Received::Lagged(missed),
+                Err(TryRecvError::Closed) => Received::Closed,
+                Err(TryRecvError::Empty) => Received::Empty,
+            },
+            Live::Routed(rx) => rx.queue.try_recv(),
+        }
+    }
+
+    /// The routed subscriber's id, to unsubscribe it.
+    pub fn routed_id(&self) -> Option<SubscriberId> {
+        match self {
+            Live::Broadcast(_) => None,
+            Live::Routed(rx) => Some(rx.id),
+        }
+    }
+}
+
+/// A routed subscriber's end of its queue.
+#[derive(Debug)]
+pub struct RoutedReceiver {
+    id: SubscriberId,
+    queue: Arc<RoutedQueue>,
+}
+
+impl RoutedReceiver {
+    async fn recv(&self) -> Received {
+        loop {
+            match self.queue.try_recv() {
+                // A push between the check and the wait leaves a permit, so
+                // the wait returns at once: no wake-up is lost.
+                Received::Empty => self.queue.notify.notified().await,
+                received => return received,
+            }
+        }
+    }
+}
+
+/// A routed subscriber's bounded queue. The producer (the core, under its
+/// lock) and the one consumer each hold the mutex only to push or pop.
+#[derive(Debug, Default)]
+struct RoutedQueue {
+    state: parking_lot::Mutex<QueueState>,
+    notify: Notify,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    events: VecDeque<Arc<Event>>,
+    /// Events not delivered since the queue was first full. Once it is
+    /// non-zero nothing more is queued, so what the subscriber reads stays
+    /// gap-free up to its resume point.
+    missed: u64,
+    closed: bool,
+}
+
+impl RoutedQueue {
+    fn push(&self, event: &Arc<Event>, capacity: usize) {
+        let mut state = self.state.lock();
+        if state.missed > 0 || state.events.len() >= capacity {
+            state.missed += 1;
+            if state.missed > 1 {
+                return;
+            }
+        } else {
+            state.events.push_back(event.clone());
+        }
+        drop(state);
+        self.notify.notify_one();
+    }
+
+    fn try_recv(&self) -> Received {
+        let mut state = self.state.lock();
+        match state.events.pop_front() {
+            Some(event) => Received::Event(event),
+            None if state.missed > 0 => Received::Lagged(state.missed),
+            None if state.closed => Received::Closed,
+            None => Received::Empty,
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.notify.notify_one();
+    }
+}
+
+/// The one key a filtered subscriber is registered under: the most
+/// selective filter it sets. None for a subscriber the broadcast ring
+/// serves (no filter, or statuses only).
+fn route_of(filter: &AgentFilter) -> Option<RouteKey<'_>> {
+    if !filter.ids.is_empty() {
+        Some(RouteKey::Ids(&filter.ids))
+    } else if let Some(parent) = filter.parent_id {
+        Some(RouteKey::Parent(parent))
+    } else if let Some(root) = filter.root_id {
+        Some(RouteKey::Root(root))
+    } else {
+        filter.lead_id.as_deref().map(RouteKey::Lead)
+    }
+}
+
+enum RouteKey<'a> {
+    Ids(&'a [AgentId]),
+    Parent(AgentId),
+    Root(AgentId),
+    Lead(&'a str),
+}
+
+#[derive(Debug)]
+struct Sink {
+    filter: AgentFilter,
+    progress: bool,
+    queue: Arc<RoutedQueue>,
+}
+
+type SinkList = Vec<(SubscriberId, Arc<Sink>)>;
+
+/// The routed subscribers, each under its one route key.
+#[derive(Debug, Default)]
+struct Routes {
+    next: u64,
+    sinks: HashMap<SubscriberId, Arc<Sink>>,
+    by_agent: HashMap<AgentId, SinkList>,
+    by_parent: HashMap<AgentId, SinkList>,
+    by_root: HashMap<AgentId, SinkList>,
+    by_lead: HashMap<Arc<str>, SinkList>,
+    /// Routed subscribers that asked for progress events.
+    progress: usize,
+}
+
+impl Routes {
+    fn add(&mut self, filter: &AgentFilter, progress: bool) -> RoutedReceiver {
+        self.next += 1;
+        let id = SubscriberId(self.next);
+        let queue = Arc::new(RoutedQueue::default());
+        let sink = Arc::new(Sink {
+            filter: filter.clone(),
+            progress,
+            queue: queue.clone(),
+        });
+        let entry = (id, sink.clone());
+        match route_of(filter).expect("a routed filter") {
+            RouteKey::Ids(ids) => {
+                let mut ids = ids.to_vec();
+                ids.sort_unstable();
+                ids.dedup();
+                for agent in ids {
+                    self.by_agent.entry(agent).or_default().push(entry.clone());
+                }
+            }
+            RouteKey::Parent(p) => self.by_parent.entry(p).or_default().push(entry),
+            RouteKey::Root(r) => self.by_root.entry(r).or_default().push(entry),
+            RouteKey::Lead(l) => self.by_lead.entry(l.into()).or_default().push(entry),
+        }
+        self.progress += usize::from(progress);
+        self.sinks.insert(id, sink);
+        RoutedReceiver { id, queue }
+    }
+
+    fn remove(&mut self, id: SubscriberId) {
+        let Some(sink) = self.sinks.remove(&id) else {
+            return;
+        };
+        self.progress -= usize::from(sink.progress);
+        fn forget<K: std::hash::Hash + Eq>(
+            map: &mut HashMap<K, SinkList>,
+            key: &K,
+            id: SubscriberId,
+        ) {
+            if let Some(list) = map.get_mut(key) {
+                list.retain(|(s, _)| *s != id);
+                if list.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+        match route_of(&sink.filter).expect("a routed filter") {
+            RouteKey::Ids(ids) => {
+                for agent in ids {
+                    forget(&mut self.by_agent, agent, id);
+                }
+            }
+            RouteKey::Parent(p) => forget(&mut self.by_parent, &p, id),
+            RouteKey::Root(r) => forget(&mut self.by_root, &r, id),
+            RouteKey::Lead(l) => forget(&mut self.by_lead, &Arc::<str>::from(l), id),
+        }
+    }
+
+    /// Pushes `event` to every subscriber registered under one of its keys
+    /// whose filter it passes (progress only to those that asked for it).
+    /// A subscriber is under one key only, so it gets an event at most once.
+    fn route(&self, event: &Arc<Event>, is_progress: bool, capacity: usize) {
+        let a = &event.agent;
+        let lists = [
+            self.by_agent.get(&a.id),
+            a.parent_id.and_then(|p| self.by_parent.get(&p)),
+            self.by_root.get(&a.root_id),
+            a.lead_id.as_ref().and_then(|l| self.by_lead.get(l)),
+        ];
+        for (_, sink) in lists.into_iter().flatten().flatten() {
+            if (sink.progress || !is_progress) && sink.filter.matches(a) {
+                sink.queue.push(event, capacity);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::{trace::TraceId, AgentStatus};
+
+    fn agent(lead: &str) -> AgentView {
+        let id = uuid::Uuid::now_v7();
+        AgentView {
+            id,
+            agent: "a".into(),
+            model: "p/m".into(),
+            description: "".into(),
+            parent_id: None,
+            root_id: id,
+            lead_id: Some(lead.into()),
+            depth: 1,
+            status: AgentStatus::Running,
+            created_at: SystemTime::now(),
+            started_at: None,
+            finished_at: None,
+            result: "".into(),
+            error: None,
+            approval: None,
+            usage: Default::default(),
+            total_usage: Default::default(),
+            labels: Default::default(),
+            background: true,
+            detached: false,
+            queue_reason: None,
+            bucket: "p/m".into(),
+            worker_id: None,
+            trace_id: TraceId::random(),
+            attempt: 1,
+        }
+    }
+
+    fn lead(name: &str) -> AgentFilter {
+        AgentFilter {
+            lead_id: Some(name.into()),
+            ..AgentFilter::default()
+        }
+    }
+
+    fn drain(live: &mut Live) -> (Vec<u64>, Received) {
+        let mut seqs = Vec::new();
+        loop {
+            match live.try_recv() {
+                Received::Event(e) => seqs.push(e.sequence),
+                other => return (seqs, other),
+            }
+        }
+    }
+
+    #[test]
+    fn a_routed_buffer_counts_only_the_events_routed_to_it() {
+        let mut log = EventLog::new(16, 4);
+        let mut quiet = log.subscribe(&lead("quiet"), 0, None, false).live;
+        for _ in 0..100 {
+            log.publish(EventKind::Started, agent("loud"));
+        }
+        let mine = agent("quiet");
+        log.publish(EventKind::Started, mine.clone());
+        log.publish(EventKind::Done, mine);
+        let (seqs, end) = drain(&mut quiet);
+        assert_eq!(seqs, [101, 102]);
+        assert!(matches!(end, Received::Empty), "{end:?}");
+    }
+
+    #[test]
+    fn a_full_routed_queue_delivers_what_it_holds_then_lags_without_gaps() {
+        let mut log = EventLog::new(16, 4);
+        let mut slow = log.subscribe(&lead("a"), 0, None, false).live;
+        for _ in 0..7 {
+            log.publish(EventKind::Started, agent("a"));
+        }
+        let (seqs, end) = drain(&mut slow);
+        assert_eq!(seqs, [1, 2, 3, 4], "the first four, in order");
+        assert!(matches!(end, Received::Lagged(3)), "{end:?}");
+        // Nothing is queued after the first miss, even once it was read.
+        log.publish(EventKind::Started, agent("a"));
+        assert!(matches!(slow.try_recv(), Received::Lagged(4)));
+    }
+
+    #[test]
+    fn routes_pick_the_most_selective_filter_and_unsubscribe_leaves_none() {
+        let mut log = EventLog::new(16, 64);
+        let a = agent("l");
+        let by_ids = AgentFilter {
+            ids: vec![a.id, a.id],
+            lead_id: Some("l".into()),
+            ..AgentFilter::default()
+        };
+        let mut ids = log.subscribe(&by_ids, 0, None, false).live;
+        let mut root = log
+            .subscribe(
+                &AgentFilter {
+                    root_id: Some(a.root_id),
+                    statuses: vec![AgentStatus::Done],
+                    ..AgentFilter::default()
+                },
+                0,
+                None,
+                false,
+            )
+            .live;
+        let mut all = log.subscribe(&AgentFilter::default(), 0, None, false).live;
+        assert!(matches!(all, Live::Broadcast(_)));
+        log.publish(EventKind::Started, a.clone());
+        log.publish(
+            EventKind::Done,
+            AgentView {
+                status: AgentStatus::Done,
+                ..a.clone()
+            },
+        );
+        log.publish(EventKind::Started, agent("l"));
+        assert_eq!(
+            drain(&mut ids).0,
+            [1, 2],
+            "one copy per event, only its agent"
+        );
+        assert_eq!(drain(&mut root).0, [2], "statuses still apply");
+        assert_eq!(drain(&mut all).0, [1, 2, 3]);
+        assert_eq!(log.subscriber_count(), 3);
+        for live in [&ids, &root] {
+            log.unsubscribe(live.routed_id().expect("routed"));
+        }
+        assert_eq!(log.subscriber_count(), 1);
+        assert!(log.routes.by_agent.is_empty() && log.routes.by_root.is_empty());
+    }
+
+    #[test]
+    fn progress_reaches_only_routed_subscribers_that_asked_for_it() {
+        let mut log = EventLog::new(16, 64);
+        let mut plain = log.subscribe(&lead("l"), 0, None, false).live;
+        let mut chatty = log.subscribe(&lead("l"), 0, None, true).live;
+        assert!(log.wants_progress());
+        log.publish_progress(Progress::Output("x".into()), agent("l"));
+        assert!(matches!(plain.try_recv(), Received::Empty));
+        assert!(matches!(chatty.try_recv(), Received::Event(e) if e.kind == EventKind::Output));
+        log.unsubscribe(chatty.routed_id().unwrap());
+        assert!(!log.wants_progress());
     }
 }

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 pub use self::core::{Core, Page, RunProgress, RunStart, SteerDelivery};
 pub use error::{Error, FieldViolation};
-pub use events::{Event, EventKind, Progress, Subscription};
+pub use events::{Event, EventKind, Live, Progress, Received, SubscriberId, Subscription};
 pub use types::*;
 pub use workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
 
@@ -411,9 +411,18 @@ impl Scheduler {
         self.with_core(|c| c.steer(id, message))
     }
 
-    /// Subscribes to lifecycle events.
-    pub fn subscribe(&self, query: &WatchQuery) -> Subscription {
-        self.with_core(|c| c.subscribe(query))
+    /// Subscribes to lifecycle events; the subscription ends when the
+    /// returned value is dropped.
+    pub fn subscribe(&self, query: &WatchQuery) -> Watch {
+        let sub = self.with_core(|c| c.subscribe(query));
+        Watch {
+            initial: sub.initial,
+            live: WatchLive {
+                live: sub.live,
+                scheduler: self.clone(),
+            },
+            position: sub.position,
+        }
     }
 
     /// Stops admitting and starting agents; running ones go on (see
@@ -441,7 +450,7 @@ impl Scheduler {
             };
             // Lagged: some events were missed; the count above is what
             // matters, so look again.
-            if let Err(tokio::sync::broadcast::error::RecvError::Closed) = received {
+            if let Received::Closed = received {
                 return self.inspect(Core::running_count) == 0;
             }
         }
@@ -475,6 +484,46 @@ impl Scheduler {
     /// agents were cancelled.
     pub fn shut_down(&self, reason: &str) -> usize {
         self.with_core(|c| c.shut_down(reason))
+    }
+}
+
+/// A subscription through the handle (see [`Scheduler::subscribe`]).
+#[derive(Debug)]
+pub struct Watch {
+    /// Snapshot or replayed events, in sequence order.
+    pub initial: Vec<Arc<Event>>,
+    /// Live events published after the subscription.
+    pub live: WatchLive,
+    /// Newest sequence number at subscription (see [`Subscription`]).
+    pub position: u64,
+}
+
+/// Live events of a [`Watch`]; dropping it unsubscribes.
+#[derive(Debug)]
+pub struct WatchLive {
+    live: Live,
+    scheduler: Scheduler,
+}
+
+impl WatchLive {
+    /// Waits for the next event (see [`Live::recv`]).
+    pub async fn recv(&mut self) -> Received {
+        self.live.recv().await
+    }
+
+    /// The next event if one is ready (see [`Live::try_recv`]).
+    pub fn try_recv(&mut self) -> Received {
+        self.live.try_recv()
+    }
+}
+
+impl Drop for WatchLive {
+    fn drop(&mut self) {
+        // A routed subscriber is registered in the core; a broadcast
+        // receiver unsubscribes by being dropped.
+        if let Some(id) = self.live.routed_id() {
+            self.scheduler.shared.core.lock().unsubscribe(id);
+        }
     }
 }
 
