@@ -1393,6 +1393,36 @@ impl Harness {
             self.core.recount(),
             "{ctx}: counters drifted from the records"
         );
+        // Listings by state (the status index, merged by admission order,
+        // paged three at a time) list exactly the model's agents in it.
+        use AgentStatus::{AwaitingApproval, Done, Queued, Running};
+        for statuses in [
+            vec![Running],
+            vec![Queued, AwaitingApproval],
+            vec![Running, Queued, AwaitingApproval, Running],
+            vec![Done, Running],
+        ] {
+            let expected: Vec<AgentId> = self
+                .order
+                .iter()
+                .copied()
+                .filter(|id| statuses.iter().any(|s| self.agents[id].is(*s)))
+                .collect();
+            let filter = AgentFilter {
+                statuses: statuses.clone(),
+                ..AgentFilter::default()
+            };
+            let (mut listed, mut after) = (Vec::new(), 0);
+            loop {
+                let page = self.core.list(&filter, after, 3);
+                listed.extend(page.agents.iter().map(|a| a.id));
+                match page.next_after {
+                    Some(next) => after = next,
+                    None => break,
+                }
+            }
+            assert_eq!(listed, expected, "{ctx}: Status{{statuses={statuses:?}}}");
+        }
         let queued = self.ids_with(AgentStatus::Queued).len();
         assert_eq!(
             counters.queued, queued,

@@ -8,7 +8,7 @@
 //! channel hops, and lets the model-based test drive the core directly.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -219,6 +219,9 @@ pub struct Counters {
     pub trees: BTreeMap<AgentId, u32>,
     /// Queued agents.
     pub queued: usize,
+    /// (state, admission sequence) of every live agent, as the status
+    /// index holds them.
+    pub live_by_status: BTreeSet<(&'static str, u64)>,
 }
 
 /// See the module docs.
@@ -247,6 +250,10 @@ pub struct Core {
     /// single agent, and a map per tree cost ~400 bytes per retained agent.
     by_lead: BTreeMap<(Arc<str>, u64), AgentId>,
     by_root: BTreeMap<(AgentId, u64), AgentId>,
+    /// Live agents by state, in admission order, so `statuses` listings
+    /// and snapshots (what dashboards poll) do not scan retained agents.
+    /// Only live states: a finished agent costs nothing here.
+    by_status: LiveByStatus,
     idempotency: HashMap<(ParentKey, Arc<str>), AgentId>,
     /// Finished agents in finish order, for retention sweeps.
     finished: VecDeque<(SystemTime, AgentId)>,
@@ -298,6 +305,7 @@ impl Core {
             lead_live: HashMap::default(),
             by_lead: BTreeMap::new(),
             by_root: BTreeMap::new(),
+            by_status: LiveByStatus::default(),
             idempotency: HashMap::default(),
             finished: VecDeque::new(),
             waiters: HashMap::default(),
@@ -632,6 +640,7 @@ impl Core {
             self.by_lead.insert((lead.clone(), seq), id);
         }
         self.by_root.insert((rec.view.root_id, seq), id);
+        self.by_status.moved(seq, id, None, AgentStatus::Queued);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
         self.stats.spawned(&bucket);
@@ -833,6 +842,7 @@ impl Core {
             self.queue.push(rec.seq, id, key);
         }
         rec.view.status = to;
+        self.by_status.moved(rec.seq, id, Some(from), to);
         self.stats.moved(&rec.view.bucket, from, to);
         if to != AgentStatus::AwaitingApproval {
             rec.view.approval = None;
@@ -1818,57 +1828,9 @@ impl Core {
     /// Agents matching `filter`, oldest first, starting after admission
     /// sequence `after`, at most `limit`.
     pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
-        // Filters with an index (parent's child list, lead, tree) read only
-        // their own agents, so a listing does not scan every retained agent
-        // under the lock. Without one it scans, testing each record before a
-        // view is built.
-        let record = move |(seq, id): (u64, &AgentId)| self.agents.get(id).map(|r| (seq, &**r));
-        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> =
-            match (filter.parent_id.and_then(|p| self.agents.get(&p)), filter) {
-                (Some(parent), _) => Box::new(
-                    parent
-                        .children
-                        .iter()
-                        .filter_map(|c| self.agents.get(c))
-                        .map(|rec| (rec.seq, &**rec))
-                        .filter(move |(seq, _)| *seq > after),
-                ),
-                (
-                    None,
-                    AgentFilter {
-                        root_id: Some(root),
-                        ..
-                    },
-                ) => Box::new(
-                    self.by_root
-                        .range((*root, after.saturating_add(1))..=(*root, u64::MAX))
-                        .map(|(&(_, seq), id)| (seq, id))
-                        .filter_map(record),
-                ),
-                (
-                    None,
-                    AgentFilter {
-                        lead_id: Some(lead),
-                        ..
-                    },
-                ) => {
-                    let lead: Arc<str> = lead.as_str().into();
-                    Box::new(
-                        self.by_lead
-                            .range((lead.clone(), after.saturating_add(1))..=(lead, u64::MAX))
-                            .map(|(&(_, seq), id)| (seq, id))
-                            .filter_map(record),
-                    )
-                }
-                _ => Box::new(
-                    self.order
-                        .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
-                        .filter_map(|(&seq, id)| record((seq, id))),
-                ),
-            };
         let mut agents = Vec::new();
         let mut last = None;
-        for (seq, rec) in candidates.filter(|(_, rec)| filter.matches(&rec.view)) {
+        for (seq, rec) in self.candidates(filter, after) {
             if agents.len() == limit {
                 return Page {
                     agents,
@@ -1882,6 +1844,66 @@ impl Core {
             agents,
             next_after: None,
         }
+    }
+
+    /// The records matching `filter` after admission sequence `after`,
+    /// oldest first. Filters with an index (ids, parent's child list,
+    /// tree, lead, live statuses) read only their own agents, so a listing
+    /// or a snapshot does not scan every retained agent under the lock;
+    /// only a filter on finished states alone (or none) scans, testing
+    /// each record before a view is built.
+    fn candidates<'a>(
+        &'a self,
+        filter: &'a AgentFilter,
+        after: u64,
+    ) -> impl Iterator<Item = (u64, &'a Record)> + 'a {
+        let record = move |(seq, id): (u64, &AgentId)| self.agents.get(id).map(|r| (seq, &**r));
+        let after_seq = after.saturating_add(1);
+        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> = if !filter.ids.is_empty() {
+            let mut recs: Vec<(u64, &Record)> = filter
+                .ids
+                .iter()
+                .filter_map(|id| self.agents.get(id))
+                .map(|rec| (rec.seq, &**rec))
+                .filter(|(seq, _)| *seq > after)
+                .collect();
+            recs.sort_unstable_by_key(|(seq, _)| *seq);
+            recs.dedup_by_key(|(seq, _)| *seq);
+            Box::new(recs.into_iter())
+        } else if let Some(parent) = filter.parent_id.and_then(|p| self.agents.get(&p)) {
+            Box::new(
+                parent
+                    .children
+                    .iter()
+                    .filter_map(|c| self.agents.get(c))
+                    .map(|rec| (rec.seq, &**rec))
+                    .filter(move |(seq, _)| *seq > after),
+            )
+        } else if let Some(root) = filter.root_id {
+            Box::new(
+                self.by_root
+                    .range((root, after_seq)..=(root, u64::MAX))
+                    .map(|(&(_, seq), id)| (seq, id))
+                    .filter_map(record),
+            )
+        } else if let Some(lead) = &filter.lead_id {
+            let lead: Arc<str> = lead.as_str().into();
+            Box::new(
+                self.by_lead
+                    .range((lead.clone(), after_seq)..=(lead, u64::MAX))
+                    .map(|(&(_, seq), id)| (seq, id))
+                    .filter_map(record),
+            )
+        } else if let Some(live) = self.by_status.ranges(&filter.statuses, after_seq) {
+            Box::new(live.filter_map(record))
+        } else {
+            Box::new(
+                self.order
+                    .range(after_seq..)
+                    .filter_map(move |(&seq, id)| record((seq, id))),
+            )
+        };
+        candidates.filter(move |(_, rec)| filter.matches(&rec.view))
     }
 
     /// Registers `waiter` to be notified when `id` settles. Returns false if
@@ -1929,11 +1951,8 @@ impl Core {
         // Built only when sent, and filtered on the record before a view is
         // made, since this runs under the scheduler lock.
         let snapshot = needs_snapshot.then(|| {
-            self.order
-                .values()
-                .map(|id| &self.agents[id])
-                .filter(|rec| filter.matches(&rec.view))
-                .map(|rec| self.view_of(rec))
+            self.candidates(filter, 0)
+                .map(|(_, rec)| self.view_of(rec))
                 .collect()
         });
         self.events
@@ -2030,6 +2049,7 @@ impl Core {
                 .collect(),
             trees: self.tree_live.iter().map(|(k, v)| (*k, *v)).collect(),
             queued: self.queue.len(),
+            live_by_status: self.by_status.entries(),
         }
     }
 
@@ -2054,6 +2074,9 @@ impl Core {
             }
             if rec.view.status == AgentStatus::Queued {
                 c.queued += 1;
+            }
+            if !rec.view.status.is_terminal() {
+                c.live_by_status.insert((rec.view.status.name(), rec.seq));
             }
         }
         c
@@ -2101,4 +2124,86 @@ fn shared_types(
     types: BTreeMap<String, AgentTypeConfig>,
 ) -> BTreeMap<String, Arc<AgentTypeConfig>> {
     types.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+}
+
+/// Live agents by state (QUEUED, RUNNING, AWAITING_APPROVAL), each in
+/// admission order. Terminal states are not indexed: retained finished
+/// agents far outnumber live ones and would cost an entry each.
+#[derive(Debug, Default)]
+struct LiveByStatus {
+    queued: BTreeMap<u64, AgentId>,
+    running: BTreeMap<u64, AgentId>,
+    awaiting_approval: BTreeMap<u64, AgentId>,
+}
+
+impl LiveByStatus {
+    fn of(&mut self, status: AgentStatus) -> Option<&mut BTreeMap<u64, AgentId>> {
+        match status {
+            AgentStatus::Queued => Some(&mut self.queued),
+            AgentStatus::Running => Some(&mut self.running),
+            AgentStatus::AwaitingApproval => Some(&mut self.awaiting_approval),
+            AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => None,
+        }
+    }
+
+    /// Moves agent `id` (admission sequence `seq`) from `from` (None: new)
+    /// to `to`.
+    fn moved(&mut self, seq: u64, id: AgentId, from: Option<AgentStatus>, to: AgentStatus) {
+        if let Some(map) = from.and_then(|f| self.of(f)) {
+            map.remove(&seq);
+        }
+        if let Some(map) = self.of(to) {
+            map.insert(seq, id);
+        }
+    }
+
+    /// The agents in any of `statuses` from admission sequence `from` on,
+    /// oldest first, when every one of them is a live state (None when the
+    /// index cannot answer: no statuses, or a terminal one among them).
+    fn ranges<'a>(
+        &'a self,
+        statuses: &[AgentStatus],
+        from: u64,
+    ) -> Option<impl Iterator<Item = (u64, &'a AgentId)> + 'a> {
+        if statuses.is_empty() {
+            return None;
+        }
+        let mut maps: Vec<&BTreeMap<u64, AgentId>> = Vec::with_capacity(3);
+        for status in statuses {
+            let map = match status {
+                AgentStatus::Queued => &self.queued,
+                AgentStatus::Running => &self.running,
+                AgentStatus::AwaitingApproval => &self.awaiting_approval,
+                AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => return None,
+            };
+            if !maps.iter().any(|m| std::ptr::eq(*m, map)) {
+                maps.push(map);
+            }
+        }
+        let mut heads: Vec<_> = maps
+            .into_iter()
+            .map(|m| m.range(from..).map(|(&seq, id)| (seq, id)).peekable())
+            .collect();
+        // A merge of at most three ordered ranges by sequence.
+        Some(std::iter::from_fn(move || {
+            let next = heads
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, h)| h.peek().map(|(seq, _)| (*seq, i)))
+                .min()?;
+            heads[next.1].next()
+        }))
+    }
+
+    /// Every (state, sequence) held, for [`Core::counters`].
+    fn entries(&self) -> BTreeSet<(&'static str, u64)> {
+        [
+            (AgentStatus::Queued, &self.queued),
+            (AgentStatus::Running, &self.running),
+            (AgentStatus::AwaitingApproval, &self.awaiting_approval),
+        ]
+        .into_iter()
+        .flat_map(|(status, map)| map.keys().map(move |seq| (status.name(), *seq)))
+        .collect()
+    }
 }
