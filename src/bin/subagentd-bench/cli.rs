@@ -57,6 +57,11 @@ pub enum Command {
     ///                     (opened before the load, on their own connections)
     ///                     receive every event; reports events/s received by
     ///                     all watchers and the largest lag.
+    ///   bg-spawn-lead-watched
+    ///                     bg-spawn round-robin under --lead-watchers leads,
+    ///                     while one subscriber per lead watches its lead;
+    ///                     each subscriber's DONE count is checked against
+    ///                     what its lead spawned.
     ///
     /// Each scenario gets a fresh server process (so peak RSS is per
     /// scenario); the concurrencies run one after another against it.
@@ -114,6 +119,10 @@ pub struct RunArgs {
     /// WatchAgents subscribers in the bg-spawn-watched scenario.
     #[arg(long, default_value = "100", value_parser = parse_positive, value_name = "N")]
     pub watchers: usize,
+    /// Leads (and WatchAgents subscribers, one per lead, each filtered to
+    /// it) in the bg-spawn-lead-watched scenario.
+    #[arg(long, default_value = "200", value_parser = parse_positive, value_name = "N")]
+    pub lead_watchers: usize,
     /// HTTP/2 connections the watchers share (separate from the load's).
     #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
     pub watcher_connections: usize,
@@ -123,7 +132,7 @@ pub struct RunArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "baseline,bg-spawn,fg-spawn,status,bg-spawn-watched",
+        default_value = "baseline,bg-spawn,fg-spawn,status,bg-spawn-watched,bg-spawn-lead-watched",
         value_name = "NAME,…"
     )]
     pub scenarios: Vec<Scenario>,
@@ -210,6 +219,7 @@ mod tests {
         assert_eq!(args.duration, Duration::from_secs(5));
         assert_eq!(args.concurrency, vec![1, 16, 64]);
         assert_eq!(args.watchers, 100);
-        assert_eq!(args.scenarios.len(), 5);
+        assert_eq!(args.scenarios.len(), 6);
+        assert_eq!(args.lead_watchers, 200);
     }
 }

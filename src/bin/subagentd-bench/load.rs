@@ -63,6 +63,35 @@ pub enum Workload {
     Spawn(pb::SpawnRequest),
     /// Status by ids: must return exactly those agents.
     Status(pb::StatusRequest),
+    /// Background Spawn under the leads of `leads`, round-robin; each
+    /// accepted Spawn is counted for its lead.
+    SpawnRoundRobin {
+        /// The request (its `lead_id` is replaced).
+        request: pb::SpawnRequest,
+        /// Lead names and counters.
+        leads: Arc<LeadTally>,
+    },
+}
+
+/// Leads of the round-robin load, and the Spawns each one got accepted.
+#[derive(Debug)]
+pub struct LeadTally {
+    next: std::sync::atomic::AtomicUsize,
+    /// Lead names, `bench-lead-<i>`.
+    pub names: Vec<String>,
+    /// Accepted Spawns per lead, by index.
+    pub spawned: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl LeadTally {
+    /// `count` leads.
+    pub fn new(count: usize) -> Self {
+        Self {
+            next: Default::default(),
+            names: (0..count).map(|i| format!("bench-lead-{i}")).collect(),
+            spawned: (0..count).map(|_| Default::default()).collect(),
+        }
+    }
 }
 
 /// The bench's Spawn: agent `simulated`, model `bench/m`, prompt `hi` (no
@@ -90,7 +119,20 @@ pub enum Outcome {
 
 /// Sends one request of `workload` and classifies the answer.
 pub async fn call(client: &mut AgentServiceClient<Channel>, workload: &Workload) -> Outcome {
+    use std::sync::atomic::Ordering::Relaxed;
     match workload {
+        Workload::SpawnRoundRobin { request, leads } => {
+            let lead = leads.next.fetch_add(1, Relaxed) % leads.names.len();
+            let request = pb::SpawnRequest {
+                lead_id: leads.names[lead].clone(),
+                ..request.clone()
+            };
+            let outcome = Box::pin(call(client, &Workload::Spawn(request))).await;
+            if outcome == Outcome::Ok {
+                leads.spawned[lead].fetch_add(1, Relaxed);
+            }
+            outcome
+        }
         Workload::Spawn(request) => match client.spawn(request.clone()).await {
             Ok(response) => {
                 let status = response.into_inner().agent.map(|a| a.status());

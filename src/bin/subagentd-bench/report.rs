@@ -298,7 +298,7 @@ impl RunReport {
     }
 
     fn verdicts(&self) -> Vec<Verdict> {
-        use Scenario::{Baseline, BgSpawn, BgSpawnWatched};
+        use Scenario::{Baseline, BgSpawn, BgSpawnLeadWatched, BgSpawnWatched};
         let rps = |s: &Row, base: &Row| s.requests_per_s / base.requests_per_s;
         let p99 = |s: &Row, base: &Row| s.p99_ms / base.p99_ms;
         let watched_events: Vec<(f64, usize)> = (1..=self.settings.rounds)
@@ -334,6 +334,12 @@ impl RunReport {
                 Spread::of(self.per_round(BgSpawnWatched, BgSpawn, 64, rps))
                     .map(|r| (r.median >= WATCHED_THROUGHPUT_TARGET, r.describe("×"))),
                 "bg-spawn and bg-spawn-watched at concurrency 64",
+            ),
+            Verdict::decide(
+                "with one watcher per lead (200 leads): Spawn throughput ≥ 0.9 × without watchers (concurrency 64)",
+                Spread::of(self.per_round(BgSpawnLeadWatched, BgSpawn, 64, rps))
+                    .map(|r| (r.median >= WATCHED_THROUGHPUT_TARGET, r.describe("×"))),
+                "bg-spawn and bg-spawn-lead-watched at concurrency 64",
             ),
         ]
     }

@@ -34,6 +34,9 @@ pub enum Scenario {
     Status,
     /// Background Spawn while WatchAgents subscribers receive every event.
     BgSpawnWatched,
+    /// Background Spawn round-robin under `--lead-watchers` leads while one
+    /// WatchAgents subscriber per lead watches its own lead.
+    BgSpawnLeadWatched,
 }
 
 impl Scenario {
@@ -45,6 +48,7 @@ impl Scenario {
             Scenario::FgSpawn => "fg-spawn",
             Scenario::Status => "status",
             Scenario::BgSpawnWatched => "bg-spawn-watched",
+            Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
         }
     }
 }
@@ -157,10 +161,18 @@ async fn measure_scenario(
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
     let channels = servers::connect(server.addr(), args.connections).await?;
-    let workload = prepare(scenario, &channels[0]).await?;
-    let watchers = match scenario {
-        Scenario::BgSpawnWatched => {
+    let workload = prepare(scenario, &channels[0], args).await?;
+    let watchers = match (scenario, &workload) {
+        (Scenario::BgSpawnWatched, _) => {
             Some(open_watchers(server.addr(), args.watchers, args.watcher_connections).await?)
+        }
+        (Scenario::BgSpawnLeadWatched, Workload::SpawnRoundRobin { leads, .. }) => {
+            eprintln!("[{scenario}] opening {} lead watchers", leads.names.len());
+            Some(
+                Watchers::open_leads(server.addr(), &leads.names, args.watcher_connections)
+                    .await
+                    .context("opening the lead watchers")?,
+            )
         }
         _ => None,
     };
@@ -195,8 +207,16 @@ async fn measure_scenario(
 }
 
 /// What the scenario sends, after any setup it needs.
-async fn prepare(scenario: Scenario, channel: &Channel) -> anyhow::Result<Workload> {
+async fn prepare(
+    scenario: Scenario,
+    channel: &Channel,
+    args: &RunArgs,
+) -> anyhow::Result<Workload> {
     Ok(match scenario {
+        Scenario::BgSpawnLeadWatched => Workload::SpawnRoundRobin {
+            request: load::spawn_request(true),
+            leads: std::sync::Arc::new(load::LeadTally::new(args.lead_watchers)),
+        },
         Scenario::Baseline | Scenario::BgSpawn | Scenario::BgSpawnWatched => {
             Workload::Spawn(load::spawn_request(true))
         }
@@ -264,6 +284,9 @@ async fn measure_once(
         (Some(w), Some(before)) => {
             let events = w.events() - before;
             w.settle().await;
+            if let Workload::SpawnRoundRobin { leads, .. } = workload {
+                check_lead_counts(w, leads)?;
+            }
             Some(WatchStats {
                 watchers: w.len(),
                 events,
@@ -290,4 +313,30 @@ async fn measure_once(
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// Every lead watcher received one DONE per agent its lead spawned (all
+/// phases so far; the agents finish at once) and nothing of other leads.
+fn check_lead_counts(watchers: &Watchers, leads: &load::LeadTally) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let foreign = watchers.foreign_events();
+    anyhow::ensure!(
+        foreign == 0,
+        "lead watchers received {foreign} events of other leads"
+    );
+    let wrong: Vec<String> = watchers
+        .done_per_watcher()
+        .into_iter()
+        .zip(&leads.spawned)
+        .zip(&leads.names)
+        .filter(|((done, spawned), _)| *done != spawned.load(Relaxed))
+        .map(|((done, spawned), name)| format!("{name}: {done} DONE of {}", spawned.load(Relaxed)))
+        .take(5)
+        .collect();
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "lead watchers missed or duplicated their leads' agents: {}",
+        wrong.join(", ")
+    );
+    Ok(())
 }

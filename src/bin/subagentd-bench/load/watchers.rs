@@ -29,6 +29,10 @@ const SETTLE_QUIET: Duration = Duration::from_millis(200);
 #[derive(Debug, Default)]
 struct Counters {
     events: AtomicU64,
+    /// DONE events received.
+    done: AtomicU64,
+    /// Events of an agent that the watcher's filter excludes (must stay 0).
+    foreign: AtomicU64,
     /// Largest lag since the last [`Watchers::take_max_lag`], µs.
     max_lag_micros: AtomicU64,
     /// How the stream ended, if it did: a status code name, or
@@ -48,22 +52,61 @@ impl Watchers {
     /// returns once every stream is established (the server has subscribed
     /// it), so no event of the load that follows can be missed.
     pub async fn open(addr: SocketAddr, count: usize, connections: usize) -> anyhow::Result<Self> {
+        Self::open_filtered(addr, vec![None; count], connections).await
+    }
+
+    /// Opens one watcher per lead of `leads`, each filtered to its lead.
+    pub async fn open_leads(
+        addr: SocketAddr,
+        leads: &[String],
+        connections: usize,
+    ) -> anyhow::Result<Self> {
+        Self::open_filtered(addr, leads.iter().cloned().map(Some).collect(), connections).await
+    }
+
+    async fn open_filtered(
+        addr: SocketAddr,
+        leads: Vec<Option<String>>,
+        connections: usize,
+    ) -> anyhow::Result<Self> {
+        let count = leads.len();
         let channels = crate::servers::connect(addr, connections.min(count)).await?;
         let mut watchers = Self {
             counters: Vec::with_capacity(count),
             tasks: Vec::with_capacity(count),
         };
-        for i in 0..count {
+        for (i, lead) in leads.into_iter().enumerate() {
             let mut client = AgentServiceClient::new(channels[i % channels.len()].clone());
             let stream = client
-                .watch_agents(pb::WatchAgentsRequest::default())
+                .watch_agents(pb::WatchAgentsRequest {
+                    lead_id: lead.clone().unwrap_or_default(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let counters = Arc::new(Counters::default());
             watchers.counters.push(counters.clone());
-            watchers.tasks.push(tokio::spawn(receive(stream, counters)));
+            watchers
+                .tasks
+                .push(tokio::spawn(receive(stream, lead, counters)));
         }
         Ok(watchers)
+    }
+
+    /// DONE events each watcher received, in opening order.
+    pub fn done_per_watcher(&self) -> Vec<u64> {
+        self.counters
+            .iter()
+            .map(|c| c.done.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Events received that the watcher's filter excludes (a routing bug).
+    pub fn foreign_events(&self) -> u64 {
+        self.counters
+            .iter()
+            .map(|c| c.foreign.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Events received by all watchers so far.
@@ -128,13 +171,24 @@ impl Watchers {
     }
 }
 
-async fn receive(mut stream: Streaming<pb::WatchAgentsResponse>, counters: Arc<Counters>) {
+async fn receive(
+    mut stream: Streaming<pb::WatchAgentsResponse>,
+    lead: Option<String>,
+    counters: Arc<Counters>,
+) {
     let ended = loop {
         match stream.message().await {
             Ok(Some(event)) => {
                 let lag = event.agent.as_ref().map_or(0, lag_micros);
                 counters.events.fetch_add(1, Ordering::Relaxed);
                 counters.max_lag_micros.fetch_max(lag, Ordering::Relaxed);
+                if event.kind == pb::AgentEventKind::Done as i32 {
+                    counters.done.fetch_add(1, Ordering::Relaxed);
+                }
+                let agent_lead = event.agent.as_ref().map(|a| a.lead_id.as_str());
+                if lead.as_deref().is_some_and(|l| agent_lead != Some(l)) {
+                    counters.foreign.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Ok(None) => break "STREAM_ENDED".to_owned(),
             Err(status) => break code_name(status.code()).to_owned(),
