@@ -91,6 +91,8 @@ class Server:
         self.reader.start()
         line = _wait_for(lines, "subagentd listening", "subagentd")
         self.addr = line.split("addr=")[1].split()[0]
+        #: The metrics endpoint (host:port).
+        self.metrics = line.split("metrics=")[1].split()[0]
         self.channel = grpc.insecure_channel(self.addr)
         self.agents = subagents_pb2_grpc.AgentServiceStub(self.channel)
 
