@@ -3,34 +3,9 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::*;
-
-fn subagentd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_subagentd"))
-        .args(args)
-        .env_remove("SUBAGENTD_ADDR")
-        .output()
-        .expect("binary runs")
-}
-
-async fn subagentd_async(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        subagentd(&args)
-    })
-    .await
-    .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{cli::*, *};
 
 #[test]
 fn dump_config_prints_the_effective_config_with_env_overrides() {
@@ -237,15 +212,8 @@ async fn watch_prints_a_snapshot_then_live_events_as_json_lines() {
     let mut client = s.client.clone();
     let existing = spawn(&mut client, bg("acme/m", "wait_steer")).await;
     let addr = format!("http://{}", s.handle.addr());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
-        .args(["watch", "--addr", &addr, "--json", "--snapshot"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines =
-        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
-    let snapshot = next_json(&mut lines).await;
+    let mut watch = CliChild::start(&["watch", "--addr", &addr, "--json", "--snapshot"]);
+    let snapshot = watch.next_json().await;
     assert_eq!(snapshot["kind"], "AGENT_EVENT_KIND_SNAPSHOT");
     assert_eq!(snapshot["agent"]["id"], existing.id.as_str());
     // The snapshot was printed, so the subscription exists: a steer now is a
@@ -257,23 +225,12 @@ async fn watch_prints_a_snapshot_then_live_events_as_json_lines() {
         })
         .await
         .unwrap();
-    let steered = next_json(&mut lines).await;
+    let steered = watch.next_json().await;
     assert_eq!(steered["kind"], "AGENT_EVENT_KIND_STEERED");
     assert!(steered["sequence"].as_u64().unwrap() > snapshot["sequence"].as_u64().unwrap());
-    let done = next_json(&mut lines).await;
+    let done = watch.next_json().await;
     assert_eq!(done["kind"], "AGENT_EVENT_KIND_DONE");
     assert_eq!(done["agent"]["result"], "steer: go");
-    child.kill().await.unwrap();
+    watch.kill().await;
     s.handle.shutdown().await.unwrap();
-}
-
-async fn next_json(
-    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-) -> serde_json::Value {
-    let line = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("a line within 10 s")
-        .unwrap()
-        .expect("watch still running");
-    serde_json::from_str(&line).unwrap()
 }

@@ -585,6 +585,45 @@ async fn steering_a_queued_agent_buffers_the_message_until_it_runs() {
 }
 
 #[tokio::test]
+async fn a_steer_that_arrived_before_a_wait_steer_satisfies_it_and_each_wait_steer_takes_one() {
+    // One slot: the agent queues, so its steer is buffered and is in the
+    // run's inbox when it starts; the run receives it during its `sleep`.
+    let mut s = TestServer::start("[limits]\ndefault_concurrency = 1").await;
+    let first = spawn(&mut s.client, waiting()).await;
+    let script = "sleep 100\nwait_steer\noutput between\nwait_steer\noutput end";
+    let queued = spawn(&mut s.client, bg(MODEL, script)).await;
+    assert_eq!(status(&queued), pb::AgentStatus::Queued);
+    let mut progress = watch(
+        &mut s.client,
+        pb::WatchAgentsRequest {
+            ids: vec![queued.id.clone()],
+            include_progress: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let resp = steer(&mut s.client, &queued.id, "early").await;
+    assert_eq!(delivery(&resp), pb::SteerDelivery::Buffered);
+    steer(&mut s.client, &first.id, "done").await;
+
+    // The first wait_steer went on with the steer that came before it...
+    wait_for(&mut progress, |ev| {
+        ev.kind == pb::AgentEventKind::Output as i32 && ev.output == "\nbetween"
+    })
+    .await;
+    // ...and the second waits for a steer of its own.
+    let waiting = status_of(&mut s.client, &queued.id).await;
+    assert_eq!(status(&waiting), pb::AgentStatus::Running);
+    assert_eq!(waiting.result, "steer: early\nbetween");
+    let resp = steer(&mut s.client, &queued.id, "late").await;
+    assert_eq!(delivery(&resp), pb::SteerDelivery::Delivered);
+    let done = settled(&mut s.client, &queued.id).await;
+    assert_eq!(status(&done), pb::AgentStatus::Done);
+    assert_eq!(done.result, "steer: early\nbetween\nsteer: late\nend");
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn steering_an_agent_awaiting_approval_buffers_the_message() {
     let mut s = TestServer::start("").await;
     let a = spawn(&mut s.client, bg(MODEL, "approve shell")).await;

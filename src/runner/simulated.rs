@@ -9,17 +9,22 @@
 //! - `approve <tool_name>` pauses in AWAITING_APPROVAL; once decided and
 //!   running again it appends `approved: <tool>` or `denied: <tool>: <note>`;
 //! - `fail <message>` ends FAILED with that message;
-//! - `wait_steer` waits for a steer message;
+//! - `wait_steer` waits until a steer message has arrived: one that
+//!   arrived earlier (during a `sleep`, say) and has not satisfied an
+//!   earlier `wait_steer` counts, so it goes on at once; otherwise it waits
+//!   for the next one. Each `wait_steer` consumes one steer: two need two;
 //! - any other line is appended to the result as is.
 //!
-//! Each steer message received appends `steer: <message>`. A prompt with no
-//! directives finishes at once with the prompt as its result.
+//! Each steer message received appends `steer: <message>` once, when it is
+//! received (during a `sleep`, a `wait_steer` or at the end of the script).
+//! A prompt with no directives finishes at once with the prompt as its
+//! result.
 
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{Run, RunOutcome, Runner};
+use super::{Run, RunOutcome, RunReporter, Runner};
 use crate::scheduler::{AgentError, Usage, CODE_RUN_FAILED};
 
 /// See the module docs.
@@ -67,29 +72,28 @@ fn parse(line: &str) -> Directive<'_> {
     }
 }
 
-async fn simulate(mut run: Run) -> RunOutcome {
-    let prompt = run.prompt.clone();
+async fn simulate(run: Run) -> RunOutcome {
+    let Run {
+        prompt,
+        steer: mut inbox,
+        reporter,
+        ..
+    } = run;
     let has_directives = prompt
         .lines()
         .any(|l| !matches!(parse(l), Directive::Text(_)));
     if !has_directives {
         let mut result = prompt.to_string();
-        while let Some(msg) = run.steer.try_recv() {
+        while let Some(msg) = inbox.try_recv() {
             result.push('\n');
             result.push_str(&steer_line(&msg));
         }
         return Ok(result);
     }
-    let mut lines: Vec<String> = Vec::new();
-    // Output is reported in chunks that concatenate to the result: each
-    // line after the first starts with its separating newline.
-    let emit = |lines: &mut Vec<String>, run: &Run, text: String| {
-        if lines.is_empty() {
-            run.reporter.output(&text);
-        } else {
-            run.reporter.output(&format!("\n{text}"));
-        }
-        lines.push(text);
+    let mut script = Transcript {
+        reporter,
+        lines: Vec::new(),
+        unmatched_steers: 0,
     };
     for line in prompt.lines() {
         match parse(line) {
@@ -99,41 +103,78 @@ async fn simulate(mut run: Run) -> RunOutcome {
                 loop {
                     tokio::select! {
                         () = &mut sleep => break,
-                        Some(msg) = run.steer.recv() => emit(&mut lines, &run, steer_line(&msg)),
+                        Some(msg) = inbox.recv() => script.steered(&msg),
                     }
                 }
             }
-            Directive::Output(text) => emit(&mut lines, &run, text.to_owned()),
-            Directive::Text(text) => emit(&mut lines, &run, text.to_owned()),
-            Directive::Tool(name) => run.reporter.tool_call(name, ""),
-            Directive::Usage(input, output) => run.reporter.usage(Usage {
+            Directive::Output(text) => script.emit(text.to_owned()),
+            Directive::Text(text) => script.emit(text.to_owned()),
+            Directive::Tool(name) => script.reporter.tool_call(name, ""),
+            Directive::Usage(input, output) => script.reporter.usage(Usage {
                 input_tokens: input,
                 output_tokens: output,
                 tool_calls: 0,
             }),
             Directive::Approve(tool) => {
-                let outcome = run.reporter.request_approval(tool, "").await;
+                let outcome = script.reporter.request_approval(tool, "").await;
                 let line = match (outcome.approved, outcome.note.is_empty()) {
                     (true, _) => format!("approved: {tool}"),
                     (false, true) => format!("denied: {tool}"),
                     (false, false) => format!("denied: {tool}: {}", outcome.note),
                 };
-                emit(&mut lines, &run, line);
+                script.emit(line);
             }
             Directive::Fail(message) => {
                 return Err(AgentError::new(CODE_RUN_FAILED, message));
             }
-            Directive::WaitSteer => match run.steer.recv().await {
-                Some(msg) => emit(&mut lines, &run, steer_line(&msg)),
-                // The scheduler dropped the sender: the run is ending.
-                None => std::future::pending().await,
-            },
+            Directive::WaitSteer => {
+                if script.unmatched_steers == 0 {
+                    match inbox.recv().await {
+                        Some(msg) => script.steered(&msg),
+                        // The scheduler dropped the sender: the run is ending.
+                        None => std::future::pending().await,
+                    }
+                }
+                script.unmatched_steers -= 1;
+            }
         }
     }
-    while let Some(msg) = run.steer.try_recv() {
-        emit(&mut lines, &run, steer_line(&msg));
+    while let Some(msg) = inbox.try_recv() {
+        script.steered(&msg);
     }
-    Ok(lines.join("\n"))
+    Ok(script.lines.join("\n"))
+}
+
+/// What a script has produced so far.
+struct Transcript {
+    reporter: RunReporter,
+    /// The result lines, in order.
+    lines: Vec<String>,
+    /// Steers received that no `wait_steer` has consumed yet: a
+    /// `wait_steer` means "until a steer has arrived", so one that arrived
+    /// during an earlier `sleep` must not be waited for again.
+    unmatched_steers: usize,
+}
+
+impl Transcript {
+    /// Appends a result line. Output is reported in chunks that concatenate
+    /// to the result: each line after the first starts with its separating
+    /// newline.
+    fn emit(&mut self, text: String) {
+        if self.lines.is_empty() {
+            self.reporter.output(&text);
+        } else {
+            self.reporter.output(&format!("\n{text}"));
+        }
+        self.lines.push(text);
+    }
+
+    /// A steer message was received: appended once, now, and owed to the
+    /// next `wait_steer`.
+    fn steered(&mut self, msg: &str) {
+        self.emit(steer_line(msg));
+        self.unmatched_steers += 1;
+    }
 }
 
 fn steer_line(msg: &str) -> String {
@@ -143,6 +184,132 @@ fn steer_line(msg: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::{
+        AgentId, AgentStatus, AgentView, AwaitMode, Scheduler, SpawnSpec, SteerDelivery,
+    };
+    use tokio::time::Instant;
+
+    /// A scheduler with the default config (the simulated runner), to be
+    /// used under a paused clock: every `sleep` and Await timeout then
+    /// passes as soon as everything else is idle.
+    fn scheduler() -> Scheduler {
+        Scheduler::new(&crate::config::ConfigSource::from_toml_str("").unwrap())
+    }
+
+    fn spawn(s: &Scheduler, prompt: &str) -> AgentId {
+        s.spawn(SpawnSpec {
+            agent: "simulated".into(),
+            model: "acme/m".into(),
+            prompt: prompt.into(),
+            background: true,
+            ..SpawnSpec::default()
+        })
+        .unwrap()
+        .id
+    }
+
+    /// Delivers a steer to the running run.
+    fn steer(s: &Scheduler, id: AgentId, message: &str) {
+        let (_, delivery) = s.steer(id, message.into()).unwrap();
+        assert_eq!(delivery, SteerDelivery::Delivered);
+    }
+
+    /// Awaits the agent for at most a minute (of the paused clock); the
+    /// view and whether the minute passed first.
+    async fn await_minute(s: &Scheduler, id: AgentId) -> (AgentView, bool) {
+        let (mut agents, timed_out) = s
+            .await_agents(&[id], Some(Duration::from_secs(60)), AwaitMode::All)
+            .await
+            .unwrap();
+        (agents.pop().unwrap(), timed_out)
+    }
+
+    /// Lets the clock run to `ms` after `start`: the run is in its script.
+    async fn at(start: Instant, ms: u64) {
+        tokio::time::sleep_until(start + Duration::from_millis(ms)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steer_received_during_sleep_satisfies_the_next_wait_steer() {
+        let s = scheduler();
+        let start = Instant::now();
+        let id = spawn(&s, "sleep 2000\noutput step one\nwait_steer");
+        at(start, 500).await;
+        steer(&s, id, "go on");
+        let (done, timed_out) = await_minute(&s, id).await;
+        assert!(!timed_out, "wait_steer waited for a second steer");
+        assert_eq!(done.status, AgentStatus::Done);
+        assert_eq!(&*done.result, "steer: go on\nstep one", "appended once");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(2000),
+            "done when the sleep ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn steers_received_before_wait_steers_each_satisfy_one() {
+        let s = scheduler();
+        let start = Instant::now();
+        let id = spawn(&s, "sleep 1000\nwait_steer\nwait_steer\noutput end");
+        at(start, 500).await;
+        steer(&s, id, "a");
+        steer(&s, id, "b");
+        let (done, timed_out) = await_minute(&s, id).await;
+        assert!(!timed_out);
+        assert_eq!(&*done.result, "steer: a\nsteer: b\nend");
+        assert_eq!(start.elapsed(), Duration::from_millis(1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_wait_steers_need_two_steers() {
+        let s = scheduler();
+        let start = Instant::now();
+        let id = spawn(
+            &s,
+            "sleep 1000\nwait_steer\noutput between\nwait_steer\noutput end",
+        );
+        at(start, 500).await;
+        steer(&s, id, "one");
+        let (waiting, timed_out) = await_minute(&s, id).await;
+        assert!(timed_out, "the second wait_steer waits: {waiting:?}");
+        assert_eq!(waiting.status, AgentStatus::Running);
+        assert_eq!(&*waiting.result, "steer: one\nbetween");
+        steer(&s, id, "two");
+        let (done, timed_out) = await_minute(&s, id).await;
+        assert!(!timed_out);
+        assert_eq!(&*done.result, "steer: one\nbetween\nsteer: two\nend");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_steer_that_a_wait_steer_waited_for_does_not_satisfy_the_next() {
+        let s = scheduler();
+        let start = Instant::now();
+        let id = spawn(&s, "wait_steer\nsleep 1000\nwait_steer\noutput end");
+        at(start, 500).await;
+        steer(&s, id, "one");
+        let (waiting, timed_out) = await_minute(&s, id).await;
+        assert!(timed_out, "the second wait_steer waits: {waiting:?}");
+        assert_eq!(&*waiting.result, "steer: one");
+        steer(&s, id, "two");
+        let (done, timed_out) = await_minute(&s, id).await;
+        assert!(!timed_out);
+        assert_eq!(&*done.result, "steer: one\nsteer: two\nend");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn steers_after_the_last_wait_steer_are_still_appended() {
+        let s = scheduler();
+        let start = Instant::now();
+        let id = spawn(&s, "output start\nwait_steer\nsleep 1000");
+        at(start, 500).await;
+        // The first ends the wait_steer, the second arrives in the sleep.
+        steer(&s, id, "one");
+        at(start, 600).await;
+        steer(&s, id, "two");
+        let (done, _) = await_minute(&s, id).await;
+        assert_eq!(&*done.result, "start\nsteer: one\nsteer: two");
+    }
 
     #[test]
     fn directives_parse_and_anything_else_is_text() {
