@@ -129,7 +129,13 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
-        let timer = CallDeadline::from_headers(req.headers()).map(|deadline| {
+        // The RPC layer outside this one has read the header already.
+        let deadline = req
+            .extensions()
+            .get::<CallDeadline>()
+            .copied()
+            .or_else(|| CallDeadline::from_headers(req.headers()));
+        let timer = deadline.map(|deadline| {
             req.extensions_mut().insert(deadline);
             Timer {
                 deadline,

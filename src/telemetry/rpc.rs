@@ -112,7 +112,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let path = req.uri().path();
         let (service, method) = match self.shared.known.get(path) {
             Some(known) => {
@@ -140,7 +140,12 @@ where
             });
             let _ = span.set_parent(parent);
         }
+        // Read once for both layers: the deadline layer inside finds it in
+        // the extensions, so both judge the call by the same instant.
         let deadline = CallDeadline::from_headers(req.headers());
+        if let Some(d) = deadline {
+            req.extensions_mut().insert(d);
+        }
         let future = {
             let _entered = span.enter();
             self.inner.call(req)
