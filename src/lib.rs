@@ -9,4 +9,5 @@ pub mod pb;
 pub mod runner;
 pub mod scheduler;
 pub mod server;
+pub mod store;
 pub mod telemetry;

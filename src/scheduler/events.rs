@@ -106,6 +106,14 @@ impl Event {
             wire: OnceLock::new(),
         }
     }
+
+    /// An event as a store kept it (lifecycle events only, so no progress).
+    pub fn recovered(sequence: u64, kind: EventKind, agent: AgentView, at: SystemTime) -> Self {
+        Self {
+            at,
+            ..Self::new(sequence, kind, agent)
+        }
+    }
 }
 
 /// Sequence numbering, history and fan-out. Owned by the scheduler core,

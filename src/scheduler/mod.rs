@@ -5,6 +5,7 @@
 //! time (never across an `.await`), then starts the runs the core admitted.
 
 pub mod core;
+pub mod durable;
 pub mod error;
 pub mod events;
 pub mod inbox;

@@ -1,0 +1,76 @@
+//! Durable state in domain terms: what the core hands a store after a
+//! change, and what recovery hands back. The core never sees a store; the
+//! `store` module converts these to rows and back.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::config::RunnerKind;
+
+use super::{events::Event, types::AgentView, AgentId};
+
+/// Everything needed to rebuild an agent's record after a restart: its
+/// public view plus what the core keeps beside it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentState {
+    /// The agent as Status shows it.
+    pub view: AgentView,
+    /// Admission sequence: FIFO order among queued agents, creation order.
+    pub seq: u64,
+    /// Which runner executes it.
+    pub runner: RunnerKind,
+    /// The prompt, until the agent ends.
+    pub prompt: Option<Arc<str>>,
+    /// The run deadline it was admitted with.
+    pub timeout: Duration,
+    /// Steer messages not yet handed to a run.
+    pub steer_buffer: Vec<String>,
+    /// Deduplication key of its Spawn.
+    pub idempotency_key: Option<Arc<str>>,
+    /// The run's span id in `view.trace_id`, and whether it is sampled.
+    pub span_id: u64,
+    /// Whether the run's trace is sampled.
+    pub sampled: bool,
+}
+
+/// The watch log's counters, durable beside the events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogPosition {
+    /// Newest sequence number issued (0 before the first).
+    pub last_sequence: u64,
+    /// Highest sequence no longer retained: replay only after it.
+    pub evicted_through: u64,
+    /// The admission sequence the next Spawn gets.
+    pub next_admission: u64,
+}
+
+/// What changed since the previous change set, in the order it happened.
+#[derive(Debug, Default)]
+pub struct ChangeSet {
+    /// Agents whose state changed: their state now (one entry per agent).
+    pub agents: Vec<AgentState>,
+    /// Agents retention removed.
+    pub removed: Vec<AgentId>,
+    /// Lifecycle events published, in sequence order (progress events are
+    /// live only and never stored).
+    pub events: Vec<Arc<Event>>,
+    /// The log's counters after the change.
+    pub position: LogPosition,
+}
+
+impl ChangeSet {
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.agents.is_empty() && self.removed.is_empty() && self.events.is_empty()
+    }
+}
+
+/// A store's contents, as recovery reads them.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Every retained agent, in admission order.
+    pub agents: Vec<AgentState>,
+    /// The retained lifecycle events, in sequence order.
+    pub events: Vec<Event>,
+    /// The log's counters as last committed.
+    pub position: LogPosition,
+}

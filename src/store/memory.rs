@@ -1,0 +1,245 @@
+//! Stores that keep their contents in this process, for tests: what a
+//! crash leaves of a real store is exactly what its completed commits
+//! wrote, and [`MemoryStore`] holds exactly that. [`FailingStore`] fails
+//! on demand, for the paths that must answer `STORE_FAILED`.
+//!
+//! (`[store] backend = "memory"` uses no store at all: nothing is written.)
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
+
+use parking_lot::Mutex;
+
+use super::{Batch, Contents, Store, StoreError};
+use crate::scheduler::durable::LogPosition;
+
+#[derive(Debug, Default)]
+struct Committed {
+    agents: BTreeMap<u128, Vec<u8>>,
+    events: BTreeMap<u64, Vec<u8>>,
+    position: LogPosition,
+    commits: usize,
+}
+
+/// A store whose contents are what its completed commits wrote. Clones
+/// share the contents, so a test can "restart" on the same store.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    committed: Arc<Mutex<Committed>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Completed commits so far.
+    pub fn commits(&self) -> usize {
+        self.committed.lock().commits
+    }
+}
+
+impl Store for MemoryStore {
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        let mut c = self.committed.lock();
+        for (id, row) in &batch.agents {
+            match row {
+                Some(row) => c.agents.insert(id.as_u128(), row.clone()),
+                None => c.agents.remove(&id.as_u128()),
+            };
+        }
+        for (seq, row) in &batch.events {
+            c.events.insert(*seq, row.clone());
+        }
+        let through = batch.position.evicted_through;
+        c.events.retain(|seq, _| *seq > through);
+        c.position = batch.position;
+        c.commits += 1;
+        Ok(())
+    }
+
+    fn load(&mut self) -> Result<Contents, StoreError> {
+        let c = self.committed.lock();
+        Ok(Contents {
+            agents: c.agents.values().cloned().collect(),
+            events: c.events.iter().map(|(s, r)| (*s, r.clone())).collect(),
+            position: c.position,
+        })
+    }
+
+    fn describe(&self) -> String {
+        "in-memory test store".to_owned()
+    }
+}
+
+/// A [`MemoryStore`] whose commits fail once `fail_after` commits have
+/// succeeded (a disk that fills up, an fsync that fails). A failed commit
+/// writes nothing.
+#[derive(Debug, Clone)]
+pub struct FailingStore {
+    inner: MemoryStore,
+    fail_after: Arc<AtomicUsize>,
+}
+
+impl FailingStore {
+    /// Fails every commit after the first `fail_after`.
+    pub fn new(inner: MemoryStore, fail_after: usize) -> Self {
+        Self {
+            inner,
+            fail_after: Arc::new(AtomicUsize::new(fail_after)),
+        }
+    }
+
+    /// Changes when commits start failing (counted from now).
+    pub fn fail_after(&self, commits: usize) {
+        self.fail_after
+            .store(self.inner.commits() + commits, Ordering::SeqCst);
+    }
+}
+
+impl Store for FailingStore {
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        if self.inner.commits() >= self.fail_after.load(Ordering::SeqCst) {
+            return Err(StoreError::Engine(
+                "injected failure: the disk is full".to_owned(),
+            ));
+        }
+        self.inner.commit(batch)
+    }
+
+    fn load(&mut self) -> Result<Contents, StoreError> {
+        self.inner.load()
+    }
+
+    fn describe(&self) -> String {
+        "failing test store".to_owned()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        scheduler::{
+            durable::{AgentState, ChangeSet},
+            events::{Event, EventKind},
+        },
+        store::rows::tests::full_state,
+    };
+
+    fn event(seq: u64, state: &AgentState) -> Arc<Event> {
+        Arc::new(Event::recovered(
+            seq,
+            EventKind::Queued,
+            state.view.clone(),
+            state.view.created_at,
+        ))
+    }
+
+    fn commit(store: &mut dyn Store, changes: ChangeSet) {
+        let mut batch = Batch::default();
+        batch.add(&changes);
+        store.commit(&batch).unwrap();
+    }
+
+    /// What every engine must do. `open` opens the same store again each
+    /// time it is called (after the previous handle is dropped).
+    pub(crate) fn conformance(open: impl Fn() -> Box<dyn Store>) {
+        let empty = open().load().unwrap();
+        assert!(empty.agents.is_empty() && empty.events.is_empty());
+        assert_eq!(empty.position, LogPosition::default());
+
+        let (a, b, c) = (full_state(1), full_state(2), full_state(3));
+        {
+            let mut store = open();
+            commit(
+                store.as_mut(),
+                ChangeSet {
+                    agents: vec![b.clone(), a.clone()],
+                    events: vec![event(1, &a), event(2, &b)],
+                    removed: vec![],
+                    position: LogPosition {
+                        last_sequence: 2,
+                        evicted_through: 0,
+                        next_admission: 3,
+                    },
+                },
+            );
+        }
+        let got = open().load().unwrap().decode().unwrap();
+        assert_eq!(got.agents, vec![a.clone(), b.clone()], "admission order");
+        assert_eq!(
+            got.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        assert_eq!(got.events[1].agent, b.view);
+        assert_eq!(got.position.next_admission, 3);
+
+        let mut a2 = a.clone();
+        a2.view.result = "changed".into();
+        let position = LogPosition {
+            last_sequence: 5,
+            evicted_through: 3,
+            next_admission: 4,
+        };
+        {
+            let mut store = open();
+            commit(
+                store.as_mut(),
+                ChangeSet {
+                    agents: vec![a2.clone(), c.clone()],
+                    removed: vec![b.view.id],
+                    events: vec![event(3, &c), event(4, &a2), event(5, &c)],
+                    position,
+                },
+            );
+        }
+        let got = open().load().unwrap().decode().unwrap();
+        assert_eq!(got.agents, vec![a2, c]);
+        assert_eq!(
+            got.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [4, 5],
+            "events up to evicted_through are gone"
+        );
+        assert_eq!(got.position, position);
+    }
+
+    #[test]
+    fn the_memory_store_keeps_what_each_commit_wrote() {
+        let store = MemoryStore::new();
+        conformance(|| Box::new(store.clone()));
+    }
+
+    #[test]
+    fn a_failing_store_fails_when_told_and_keeps_only_what_succeeded() {
+        let inner = MemoryStore::new();
+        let mut store = FailingStore::new(inner.clone(), 1);
+        let a = full_state(1);
+        let mut batch = Batch::default();
+        batch.add(&ChangeSet {
+            agents: vec![a.clone()],
+            ..Default::default()
+        });
+        store.commit(&batch).unwrap();
+        let mut second = Batch::default();
+        second.add(&ChangeSet {
+            agents: vec![full_state(2)],
+            ..Default::default()
+        });
+        let err = store.commit(&second).unwrap_err();
+        assert!(matches!(err, StoreError::Engine(_)), "{err:?}");
+        let got = inner.clone().load().unwrap().decode().unwrap();
+        assert_eq!(got.agents, vec![a]);
+        store.fail_after(1);
+        store.commit(&second).unwrap();
+        assert_eq!(inner.commits(), 2);
+    }
+}

@@ -1,0 +1,206 @@
+//! Durable state: the seam between the scheduler and a storage engine.
+//!
+//! The scheduler core never imports this module. It hands out
+//! [`ChangeSet`]s in domain terms; a writer encodes each batch of them here
+//! (off the core's lock) and commits it through a [`Store`], one
+//! transaction and one fsync per batch. At start, recovery reads the
+//! store's [`Contents`] and decodes them into a [`Recovered`] state.
+//!
+//! Engines only move bytes: the `agents` table (id → encoded row), the
+//! `events` table (sequence → encoded event, trimmed to the watch history)
+//! and a few counters. The encoding lives in [`rows`], once for every engine.
+
+pub mod embedded;
+pub mod memory;
+mod rows;
+
+use std::{
+    collections::{hash_map::Entry, HashMap},
+    path::PathBuf,
+};
+
+use crate::scheduler::{
+    durable::{ChangeSet, LogPosition, Recovered},
+    AgentId,
+};
+
+/// The schema this build writes. Bump it with a migration in each engine
+/// when the stored layout changes in a way old readers cannot skip.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Why a store could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another process holds the store.
+    #[error(
+        "the store at {} is in use by another subagentd process (only one server may open it)",
+        path.display()
+    )]
+    Locked {
+        /// The store's path.
+        path: PathBuf,
+    },
+    /// The store was written by a newer subagentd.
+    #[error(
+        "the store at {where_} has schema version {found}, newer than this subagentd's {supported}: \
+         run a subagentd at least as new as the one that wrote it"
+    )]
+    NewerSchema {
+        /// Where the store is (a path or a database).
+        where_: String,
+        /// Version found in the store.
+        found: u32,
+        /// [`SCHEMA_VERSION`].
+        supported: u32,
+    },
+    /// A row that does not decode: the store is damaged or not ours.
+    #[error("the store holds a row that does not decode ({0})")]
+    Corrupt(String),
+    /// The engine failed (I/O, fsync, a lost connection): the outcome of
+    /// a commit that fails this way is unknown.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// The encoded form of one or more change sets: what one commit writes.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Each changed agent once: its row as of the latest change set, or
+    /// None when retention removed it.
+    pub agents: Vec<(AgentId, Option<Vec<u8>>)>,
+    /// Appended `events` rows, in sequence order.
+    pub events: Vec<(u64, Vec<u8>)>,
+    /// The counters after the batch; events up to `evicted_through` are
+    /// deleted.
+    pub position: LogPosition,
+    /// How many change sets went into it (for the group-commit figures).
+    pub change_sets: usize,
+    /// Where each agent is in `agents`.
+    index: HashMap<AgentId, usize>,
+}
+
+impl Batch {
+    /// Adds a change set. Later ones win: an agent changed in two change
+    /// sets is written once, as it is after the second.
+    pub fn add(&mut self, changes: &ChangeSet) {
+        for state in &changes.agents {
+            self.put(state.view.id, Some(rows::encode_agent(state)));
+        }
+        for id in &changes.removed {
+            self.put(*id, None);
+        }
+        self.events.extend(
+            changes
+                .events
+                .iter()
+                .map(|e| (e.sequence, rows::encode_event(e))),
+        );
+        self.position = changes.position;
+        self.change_sets += 1;
+    }
+
+    fn put(&mut self, id: AgentId, row: Option<Vec<u8>>) {
+        match self.index.entry(id) {
+            Entry::Occupied(at) => self.agents[*at.get()].1 = row,
+            Entry::Vacant(slot) => {
+                slot.insert(self.agents.len());
+                self.agents.push((id, row));
+            }
+        }
+    }
+
+    /// Whether the batch writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.change_sets == 0
+    }
+}
+
+/// What a store holds, still encoded.
+#[derive(Debug, Default)]
+pub struct Contents {
+    /// Every `agents` row.
+    pub agents: Vec<Vec<u8>>,
+    /// Every `events` row, in sequence order.
+    pub events: Vec<(u64, Vec<u8>)>,
+    /// The counters as last committed.
+    pub position: LogPosition,
+}
+
+impl Contents {
+    /// Decodes everything; agents come back in admission order.
+    pub fn decode(self) -> Result<Recovered, StoreError> {
+        let mut agents = self
+            .agents
+            .iter()
+            .map(|row| rows::decode_agent(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        agents.sort_unstable_by_key(|a| a.seq);
+        let events = self
+            .events
+            .iter()
+            .map(|(seq, row)| rows::decode_event(*seq, row))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Recovered {
+            agents,
+            events,
+            position: self.position,
+        })
+    }
+}
+
+/// A storage engine. Calls block; the store's writer thread makes them.
+pub trait Store: Send {
+    /// Writes the batch atomically and durably: when this returns `Ok`,
+    /// everything in it survives a crash of the process or the machine.
+    /// An `Err` leaves the outcome unknown; the caller must not retry.
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError>;
+
+    /// Reads everything (recovery).
+    fn load(&mut self) -> Result<Contents, StoreError>;
+
+    /// Where the store is, for log lines and errors.
+    fn describe(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::durable::ChangeSet;
+
+    #[test]
+    fn a_batch_writes_each_agent_once_as_of_its_latest_change() {
+        let a = rows::tests::full_state(1);
+        let b = rows::tests::full_state(2);
+        let mut later_a = a.clone();
+        later_a.view.result = "later".into();
+        let mut batch = Batch::default();
+        batch.add(&ChangeSet {
+            agents: vec![a.clone(), b.clone()],
+            ..Default::default()
+        });
+        let position = LogPosition {
+            last_sequence: 9,
+            evicted_through: 2,
+            next_admission: 3,
+        };
+        batch.add(&ChangeSet {
+            agents: vec![later_a.clone()],
+            removed: vec![b.view.id],
+            position,
+            ..Default::default()
+        });
+        assert_eq!(batch.change_sets, 2);
+        assert_eq!(batch.position, position);
+        let ids: Vec<_> = batch
+            .agents
+            .iter()
+            .map(|(id, row)| (*id, row.is_some()))
+            .collect();
+        assert_eq!(ids, vec![(a.view.id, true), (b.view.id, false)]);
+        let contents = Contents {
+            agents: vec![batch.agents[0].1.clone().unwrap()],
+            ..Default::default()
+        };
+        assert_eq!(contents.decode().unwrap().agents, vec![later_a]);
+    }
+}

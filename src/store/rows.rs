@@ -1,0 +1,513 @@
+//! The stored form of durable state, and the only conversion between it and
+//! the domain types of [`crate::scheduler::durable`].
+//!
+//! Rows are protobuf messages (prost derives, no .proto file: they are
+//! private to the store). Protobuf gives what a row format needs across
+//! versions: a field added later reads as its default from an older row,
+//! and an older server skips fields it does not know. Both engines store
+//! the same encoded bytes, so the conversion is written once.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use prost::Message;
+use uuid::Uuid;
+
+use crate::{
+    config::RunnerKind,
+    scheduler::{
+        durable::AgentState,
+        events::{Event, EventKind},
+        trace::TraceId,
+        AgentError, AgentStatus, AgentView, Approval, Usage,
+    },
+};
+
+use super::StoreError;
+
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct ViewRow {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    agent: String,
+    #[prost(string, tag = "3")]
+    model: String,
+    #[prost(string, tag = "4")]
+    description: String,
+    #[prost(bytes = "vec", optional, tag = "5")]
+    parent_id: Option<Vec<u8>>,
+    #[prost(bytes = "vec", tag = "6")]
+    root_id: Vec<u8>,
+    #[prost(string, optional, tag = "7")]
+    lead_id: Option<String>,
+    #[prost(uint32, tag = "8")]
+    depth: u32,
+    #[prost(uint32, tag = "9")]
+    status: u32,
+    #[prost(int64, tag = "10")]
+    created_at: i64,
+    #[prost(int64, optional, tag = "11")]
+    started_at: Option<i64>,
+    #[prost(int64, optional, tag = "12")]
+    finished_at: Option<i64>,
+    #[prost(string, tag = "13")]
+    result: String,
+    #[prost(message, optional, tag = "14")]
+    error: Option<ErrorRow>,
+    #[prost(message, optional, tag = "15")]
+    approval: Option<ApprovalRow>,
+    #[prost(message, optional, tag = "16")]
+    usage: Option<UsageRow>,
+    #[prost(message, optional, tag = "17")]
+    total_usage: Option<UsageRow>,
+    #[prost(btree_map = "string, string", tag = "18")]
+    labels: BTreeMap<String, String>,
+    #[prost(bool, tag = "19")]
+    background: bool,
+    #[prost(bool, tag = "20")]
+    detached: bool,
+    #[prost(string, tag = "21")]
+    bucket: String,
+    #[prost(bytes = "vec", optional, tag = "22")]
+    worker_id: Option<Vec<u8>>,
+    #[prost(bytes = "vec", tag = "23")]
+    trace_id: Vec<u8>,
+    #[prost(uint32, tag = "24")]
+    attempt: u32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ErrorRow {
+    #[prost(string, tag = "1")]
+    code: String,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ApprovalRow {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    tool_name: String,
+    #[prost(string, tag = "3")]
+    detail: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct UsageRow {
+    #[prost(uint64, tag = "1")]
+    input_tokens: u64,
+    #[prost(uint64, tag = "2")]
+    output_tokens: u64,
+    #[prost(uint64, tag = "3")]
+    tool_calls: u64,
+}
+
+/// One row of the `agents` table.
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct AgentRow {
+    #[prost(message, optional, tag = "1")]
+    view: Option<ViewRow>,
+    #[prost(uint64, tag = "2")]
+    seq: u64,
+    #[prost(uint32, tag = "3")]
+    runner: u32,
+    #[prost(string, optional, tag = "4")]
+    prompt: Option<String>,
+    #[prost(uint64, tag = "5")]
+    timeout_ms: u64,
+    #[prost(string, repeated, tag = "6")]
+    steer_buffer: Vec<String>,
+    #[prost(string, optional, tag = "7")]
+    idempotency_key: Option<String>,
+    #[prost(fixed64, tag = "8")]
+    span_id: u64,
+    #[prost(bool, tag = "9")]
+    sampled: bool,
+}
+
+/// One row of the `events` table (keyed by its sequence).
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct EventRow {
+    #[prost(uint32, tag = "1")]
+    kind: u32,
+    #[prost(int64, tag = "2")]
+    at: i64,
+    #[prost(message, optional, tag = "3")]
+    view: Option<ViewRow>,
+}
+
+/// Encodes an agent's state as its `agents` row.
+pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
+    AgentRow {
+        view: Some(view_row(&state.view)),
+        seq: state.seq,
+        runner: runner_code(state.runner),
+        prompt: state.prompt.as_deref().map(str::to_owned),
+        timeout_ms: u64::try_from(state.timeout.as_millis()).unwrap_or(u64::MAX),
+        steer_buffer: state.steer_buffer.clone(),
+        idempotency_key: state.idempotency_key.as_deref().map(str::to_owned),
+        span_id: state.span_id,
+        sampled: state.sampled,
+    }
+    .encode_to_vec()
+}
+
+/// Decodes an `agents` row.
+pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
+    let row = AgentRow::decode(bytes).map_err(|e| corrupt("agent row", e))?;
+    Ok(AgentState {
+        view: view_of(row.view.ok_or_else(|| corrupt("agent row", "no view"))?)?,
+        seq: row.seq,
+        runner: runner_of(row.runner)?,
+        prompt: row.prompt.map(Arc::from),
+        timeout: Duration::from_millis(row.timeout_ms),
+        steer_buffer: row.steer_buffer,
+        idempotency_key: row.idempotency_key.map(Arc::from),
+        span_id: row.span_id,
+        sampled: row.sampled,
+    })
+}
+
+/// Encodes a lifecycle event as its `events` row.
+pub(super) fn encode_event(event: &Event) -> Vec<u8> {
+    EventRow {
+        kind: event_code(event.kind),
+        at: nanos(event.at),
+        view: Some(view_row(&event.agent)),
+    }
+    .encode_to_vec()
+}
+
+/// Decodes the `events` row of `sequence`.
+pub(super) fn decode_event(sequence: u64, bytes: &[u8]) -> Result<Event, StoreError> {
+    let row = EventRow::decode(bytes).map_err(|e| corrupt("event row", e))?;
+    let agent = view_of(row.view.ok_or_else(|| corrupt("event row", "no view"))?)?;
+    Ok(Event::recovered(
+        sequence,
+        event_kind_of(row.kind)?,
+        agent,
+        time_of(row.at),
+    ))
+}
+
+fn view_row(v: &AgentView) -> ViewRow {
+    ViewRow {
+        id: v.id.as_bytes().to_vec(),
+        agent: v.agent.to_string(),
+        model: v.model.to_string(),
+        description: v.description.to_string(),
+        parent_id: v.parent_id.map(|p| p.as_bytes().to_vec()),
+        root_id: v.root_id.as_bytes().to_vec(),
+        lead_id: v.lead_id.as_deref().map(str::to_owned),
+        depth: v.depth,
+        status: status_code(v.status),
+        created_at: nanos(v.created_at),
+        started_at: v.started_at.map(nanos),
+        finished_at: v.finished_at.map(nanos),
+        result: v.result.to_string(),
+        error: v.error.as_ref().map(|e| ErrorRow {
+            code: e.code.to_string(),
+            message: e.message.to_string(),
+        }),
+        approval: v.approval.as_ref().map(|a| ApprovalRow {
+            id: a.id.as_bytes().to_vec(),
+            tool_name: a.tool_name.to_string(),
+            detail: a.detail.to_string(),
+        }),
+        usage: Some(usage_row(v.usage)),
+        total_usage: Some(usage_row(v.total_usage)),
+        labels: (*v.labels).clone(),
+        background: v.background,
+        detached: v.detached,
+        bucket: v.bucket.to_string(),
+        worker_id: v.worker_id.map(|w| w.as_bytes().to_vec()),
+        trace_id: v.trace_id.get().to_be_bytes().to_vec(),
+        attempt: v.attempt,
+    }
+}
+
+fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
+    let trace = <[u8; 16]>::try_from(r.trace_id.as_slice())
+        .ok()
+        .and_then(|b| TraceId::new(u128::from_be_bytes(b)))
+        .ok_or_else(|| corrupt("agent view", "invalid trace id"))?;
+    Ok(AgentView {
+        id: uuid_of(&r.id)?,
+        agent: r.agent.into(),
+        model: r.model.into(),
+        description: r.description.into(),
+        parent_id: r.parent_id.as_deref().map(uuid_of).transpose()?,
+        root_id: uuid_of(&r.root_id)?,
+        lead_id: r.lead_id.map(Arc::from),
+        depth: r.depth,
+        status: status_of(r.status)?,
+        created_at: time_of(r.created_at),
+        started_at: r.started_at.map(time_of),
+        finished_at: r.finished_at.map(time_of),
+        result: r.result.into(),
+        error: r.error.map(|e| AgentError {
+            code: e.code.into(),
+            message: e.message.into(),
+        }),
+        approval: r
+            .approval
+            .map(|a| -> Result<_, StoreError> {
+                Ok(Arc::new(Approval {
+                    id: uuid_of(&a.id)?,
+                    tool_name: a.tool_name.into(),
+                    detail: a.detail.into(),
+                }))
+            })
+            .transpose()?,
+        usage: usage_of(r.usage),
+        total_usage: usage_of(r.total_usage),
+        labels: Arc::new(r.labels),
+        background: r.background,
+        detached: r.detached,
+        // Which limit holds a queued agent depends on the limits of the
+        // server that reads it; the core works it out again.
+        queue_reason: None,
+        bucket: r.bucket.into(),
+        worker_id: r.worker_id.as_deref().map(uuid_of).transpose()?,
+        trace_id: trace,
+        attempt: r.attempt,
+    })
+}
+
+fn usage_row(u: Usage) -> UsageRow {
+    UsageRow {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        tool_calls: u.tool_calls,
+    }
+}
+
+fn usage_of(u: Option<UsageRow>) -> Usage {
+    let u = u.unwrap_or_default();
+    Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        tool_calls: u.tool_calls,
+    }
+}
+
+fn uuid_of(bytes: &[u8]) -> Result<Uuid, StoreError> {
+    Uuid::from_slice(bytes).map_err(|e| corrupt("id", e))
+}
+
+/// Nanoseconds since the Unix epoch (negative before it, saturating).
+fn nanos(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
+fn time_of(nanos: i64) -> SystemTime {
+    let magnitude = Duration::from_nanos(nanos.unsigned_abs());
+    if nanos >= 0 {
+        UNIX_EPOCH + magnitude
+    } else {
+        UNIX_EPOCH - magnitude
+    }
+}
+
+fn corrupt(what: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {why}"))
+}
+
+// Stored codes are explicit, not enum discriminants, so reordering a Rust
+// enum can never change what a stored row means.
+
+fn status_code(s: AgentStatus) -> u32 {
+    match s {
+        AgentStatus::Queued => 1,
+        AgentStatus::Running => 2,
+        AgentStatus::AwaitingApproval => 3,
+        AgentStatus::Done => 4,
+        AgentStatus::Failed => 5,
+        AgentStatus::Cancelled => 6,
+    }
+}
+
+fn status_of(code: u32) -> Result<AgentStatus, StoreError> {
+    Ok(match code {
+        1 => AgentStatus::Queued,
+        2 => AgentStatus::Running,
+        3 => AgentStatus::AwaitingApproval,
+        4 => AgentStatus::Done,
+        5 => AgentStatus::Failed,
+        6 => AgentStatus::Cancelled,
+        other => return Err(corrupt("status", format!("unknown code {other}"))),
+    })
+}
+
+fn runner_code(r: RunnerKind) -> u32 {
+    match r {
+        RunnerKind::Simulated => 1,
+        RunnerKind::Worker => 2,
+        RunnerKind::Command => 3,
+        RunnerKind::Openai => 4,
+    }
+}
+
+fn runner_of(code: u32) -> Result<RunnerKind, StoreError> {
+    Ok(match code {
+        1 => RunnerKind::Simulated,
+        2 => RunnerKind::Worker,
+        3 => RunnerKind::Command,
+        4 => RunnerKind::Openai,
+        other => return Err(corrupt("runner", format!("unknown code {other}"))),
+    })
+}
+
+fn event_code(k: EventKind) -> u32 {
+    match k {
+        EventKind::Snapshot => 1,
+        EventKind::Queued => 2,
+        EventKind::Started => 3,
+        EventKind::Steered => 4,
+        EventKind::AwaitingApproval => 5,
+        EventKind::Done => 6,
+        EventKind::Failed => 7,
+        EventKind::Cancelled => 8,
+        EventKind::Retrying => 9,
+        EventKind::Output => 10,
+        EventKind::ToolCall => 11,
+    }
+}
+
+fn event_kind_of(code: u32) -> Result<EventKind, StoreError> {
+    Ok(match code {
+        1 => EventKind::Snapshot,
+        2 => EventKind::Queued,
+        3 => EventKind::Started,
+        4 => EventKind::Steered,
+        5 => EventKind::AwaitingApproval,
+        6 => EventKind::Done,
+        7 => EventKind::Failed,
+        8 => EventKind::Cancelled,
+        9 => EventKind::Retrying,
+        10 => EventKind::Output,
+        11 => EventKind::ToolCall,
+        other => return Err(corrupt("event kind", format!("unknown code {other}"))),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// An agent with every optional field set, so a round trip that drops
+    /// one shows.
+    pub(crate) fn full_state(seq: u64) -> AgentState {
+        let id = Uuid::now_v7();
+        let t = UNIX_EPOCH + Duration::new(1_790_000_000, 123_456_789);
+        AgentState {
+            view: AgentView {
+                id,
+                agent: "coder".into(),
+                model: "p/m".into(),
+                description: "d".into(),
+                parent_id: Some(Uuid::now_v7()),
+                root_id: Uuid::now_v7(),
+                lead_id: Some("lead-1".into()),
+                depth: 2,
+                status: AgentStatus::AwaitingApproval,
+                created_at: t,
+                started_at: Some(t + Duration::from_millis(5)),
+                finished_at: Some(t + Duration::from_secs(9)),
+                result: "partial".into(),
+                error: Some(AgentError::new("RUN_FAILED", "boom")),
+                approval: Some(Arc::new(Approval {
+                    id: Uuid::now_v7(),
+                    tool_name: "shell".into(),
+                    detail: "rm -rf /tmp/x".into(),
+                })),
+                usage: Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    tool_calls: 3,
+                },
+                total_usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 20,
+                    tool_calls: 30,
+                },
+                labels: Arc::new(BTreeMap::from([("k".to_owned(), "v".to_owned())])),
+                background: true,
+                detached: true,
+                queue_reason: None,
+                bucket: "p/m".into(),
+                worker_id: Some(Uuid::now_v7()),
+                trace_id: TraceId::random(),
+                attempt: 3,
+            },
+            seq,
+            runner: RunnerKind::Worker,
+            prompt: Some("do it".into()),
+            timeout: Duration::from_millis(90_000),
+            steer_buffer: vec!["one".into(), "two".into()],
+            idempotency_key: Some("key-1".into()),
+            span_id: 0xdead_beef_0000_0001,
+            sampled: true,
+        }
+    }
+
+    #[test]
+    fn an_agent_row_round_trips_every_field() {
+        let state = full_state(42);
+        assert_eq!(decode_agent(&encode_agent(&state)).unwrap(), state);
+        let mut bare = full_state(1);
+        bare.view.parent_id = None;
+        bare.view.lead_id = None;
+        bare.view.started_at = None;
+        bare.view.finished_at = None;
+        bare.view.error = None;
+        bare.view.approval = None;
+        bare.view.worker_id = None;
+        bare.prompt = None;
+        bare.idempotency_key = None;
+        assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
+    }
+
+    #[test]
+    fn an_event_row_round_trips() {
+        let state = full_state(7);
+        let event = Event::recovered(
+            99,
+            EventKind::Done,
+            state.view.clone(),
+            state.view.created_at,
+        );
+        let back = decode_event(99, &encode_event(&event)).unwrap();
+        assert_eq!(
+            (back.sequence, back.kind, &back.agent, back.at),
+            (99, EventKind::Done, &event.agent, event.at)
+        );
+    }
+
+    #[test]
+    fn a_row_with_an_unknown_status_is_corrupt_not_a_panic() {
+        let mut row = AgentRow::decode(encode_agent(&full_state(1)).as_slice()).unwrap();
+        row.view.as_mut().unwrap().status = 77;
+        let err = decode_agent(&row.encode_to_vec()).unwrap_err();
+        assert!(err.to_string().contains("unknown code 77"), "{err}");
+        assert!(matches!(
+            decode_agent(b"\xff\xff\xff"),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn times_before_the_epoch_survive() {
+        let t = UNIX_EPOCH - Duration::from_nanos(1_500);
+        assert_eq!(time_of(nanos(t)), t);
+    }
+}
