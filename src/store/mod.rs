@@ -13,6 +13,7 @@
 pub mod embedded;
 pub mod memory;
 mod rows;
+pub mod writer;
 
 use std::{
     collections::{hash_map::Entry, HashMap},
