@@ -83,7 +83,15 @@ pub const DEFAULT_AGENT_TYPE: &str = "simulated";
 pub const ENV_PREFIX: &str = "SUBAGENTD_";
 /// Top-level sections that the environment may set. Other `SUBAGENTD_*`
 /// variables (such as the CLI's `SUBAGENTD_ADDR`) are not config.
-const SECTIONS: &[&str] = &["server", "limits", "runs", "watch", "agents", "telemetry"];
+const SECTIONS: &[&str] = &[
+    "server",
+    "limits",
+    "runs",
+    "watch",
+    "agents",
+    "telemetry",
+    "store",
+];
 
 /// The whole effective configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +109,114 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentTypeConfig>,
     /// `[telemetry]`: traces, metrics and logs. Read at start only.
     pub telemetry: TelemetryConfig,
+    /// `[store]`: where durable state lives. Read at start only.
+    pub store: StoreConfig,
+}
+
+/// Which engine keeps durable state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// One redb file in `[store] path`: a restart or crash loses nothing
+    /// acknowledged. The default.
+    #[default]
+    Embedded,
+    /// A PostgreSQL database at `[store] url`.
+    Postgres,
+    /// Nothing is written: everything is lost when the process exits. For
+    /// tests and benchmarks.
+    Memory,
+}
+
+/// Default `[store] path`, relative to the working directory.
+pub const DEFAULT_STORE_PATH: &str = "./subagentd-data";
+/// Default `[store] pool_size`.
+pub const DEFAULT_STORE_POOL_SIZE: u32 = 4;
+
+/// `[store]` section.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `embedded` (default), `postgres` or `memory`.
+    pub backend: StoreBackend,
+    /// The embedded store's data directory. Default `./subagentd-data`.
+    pub path: PathBuf,
+    /// PostgreSQL connection URL, `postgres://user@host:port/db`. Put the
+    /// password in `password_file` or in the environment
+    /// (`SUBAGENTD_STORE__URL`), never in a config file others can read.
+    pub url: String,
+    /// File holding the PostgreSQL password (a trailing newline is trimmed);
+    /// it overrides a password in `url`.
+    pub password_file: Option<PathBuf>,
+    /// PostgreSQL connections. Default 4, minimum 1.
+    pub pool_size: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::default(),
+            path: PathBuf::from(DEFAULT_STORE_PATH),
+            url: String::new(),
+            password_file: None,
+            pool_size: DEFAULT_STORE_POOL_SIZE,
+        }
+    }
+}
+
+// By hand, so a password in the URL never reaches a log line.
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("backend", &self.backend)
+            .field("path", &self.path)
+            .field("url", &redact_url(&self.url))
+            .field("password_file", &self.password_file)
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+impl StoreConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match self.backend {
+            StoreBackend::Embedded if self.path.as_os_str().is_empty() => {
+                Err(invalid("store.path", "must not be empty"))
+            }
+            StoreBackend::Postgres
+                if !(self.url.starts_with("postgres://")
+                    || self.url.starts_with("postgresql://")) =>
+            {
+                Err(invalid(
+                    "store.url",
+                    format!(
+                        "must be a postgres:// URL when `store.backend` is \"postgres\" (got {:?})",
+                        redact_url(&self.url)
+                    ),
+                ))
+            }
+            _ if self.pool_size < 1 => Err(invalid(
+                "store.pool_size",
+                format!("must be ≥ 1 (got {})", self.pool_size),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// How log lines are written.
@@ -665,6 +781,7 @@ impl Default for Config {
             watch: WatchConfig::default(),
             agents: default_agents(),
             telemetry: TelemetryConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -851,12 +968,16 @@ impl Config {
         if self.server.keepalive_timeout.is_zero() {
             return Err(invalid("server.keepalive_timeout", "must be > 0"));
         }
-        self.telemetry.validate()
+        self.telemetry.validate()?;
+        self.store.validate()
     }
 
-    /// The config as TOML, as `--dump-config` prints it.
+    /// The config as TOML, as `--dump-config` prints it (a password in
+    /// `store.url` shows as `***`).
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+        let mut shown = self.clone();
+        shown.store.url = redact_url(&shown.store.url);
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
 
     /// The listen address; valid after [`Config::validate`].
@@ -1034,6 +1155,54 @@ mod tests {
         }
         let off = ConfigSource::from_toml_str("[telemetry]\nmetrics_listen = \"\"\n").unwrap();
         assert!(off.telemetry.metrics_listen.is_empty());
+    }
+
+    #[test]
+    fn the_store_section_defaults_to_the_embedded_store_and_checks_its_keys() {
+        let c = ConfigSource::from_toml_str("").unwrap();
+        assert_eq!(c.store.backend, StoreBackend::Embedded);
+        assert_eq!(c.store.path, PathBuf::from("./subagentd-data"));
+        assert_eq!(c.store.pool_size, 4);
+        let memory = ConfigSource::from_toml_str("[store]\nbackend = \"memory\"\n").unwrap();
+        assert_eq!(memory.store.backend, StoreBackend::Memory);
+        for (toml, key) in [
+            ("backend = \"postgres\"", "store.url"),
+            ("backend = \"postgres\"\nurl = \"mysql://x\"", "store.url"),
+            ("path = \"\"", "store.path"),
+            ("pool_size = 0", "store.pool_size"),
+            ("backend = \"sqlite\"", "backend"),
+        ] {
+            let err = ConfigSource::from_toml_str(&format!("[store]\n{toml}\n"))
+                .expect_err(toml)
+                .to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_password_in_the_store_url_never_shows_in_a_dump_or_a_debug_line() {
+        let c = ConfigSource::from_toml_str(
+            "[store]\nbackend = \"postgres\"\nurl = \"postgres://sa:s3cret@db:5432/sa\"\n",
+        )
+        .unwrap();
+        for shown in [c.to_toml(), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("postgres://sa:***@db:5432/sa"), "{shown}");
+        }
+        assert_eq!(redact_url("postgres://sa@db/x"), "postgres://sa@db/x");
+        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+    }
+
+    #[test]
+    fn the_environment_sets_the_store_url() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("SUBAGENTD_STORE__URL", "postgres://sa:pw@db/sa");
+            jail.set_env("SUBAGENTD_STORE__BACKEND", "postgres");
+            let c = ConfigSource::default().load().unwrap();
+            assert_eq!(c.store.url, "postgres://sa:pw@db/sa");
+            assert_eq!(c.store.backend, StoreBackend::Postgres);
+            Ok(())
+        });
     }
 
     #[test]
