@@ -1,0 +1,476 @@
+//! Admission: Spawn's checks, a new agent's trace context, taking and
+//! giving back slots, starting a run, and draining the queue when limits
+//! free up.
+
+use std::{sync::Arc, time::SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{Core, Record, RunControl, RunProgress, RunStart};
+use crate::config::RunnerKind;
+use crate::scheduler::{
+    error::{Error, FieldViolation},
+    events::EventKind,
+    inbox::steer_inbox,
+    queue::Dirty,
+    state::Held,
+    trace::{random_span_id, SpanRecord, SpawnTrace, TraceContext, TraceId},
+    types::*,
+    workers::{Assignment, WorkerCommand},
+};
+use foldhash::HashMap;
+
+impl Core {
+    /// Admits an agent: starts it, queues it, or refuses it. Returns the
+    /// agent and whether it is an earlier agent found by idempotency key.
+    pub fn spawn(&mut self, spec: SpawnSpec, now: SystemTime) -> Result<(AgentView, bool), Error> {
+        if self.closed {
+            return Err(Error::ShuttingDown);
+        }
+        // A retry whose first response was lost gets the first agent, even
+        // if its parent has ended or the config changed since.
+        if let Some(key) = spec.idempotency_key.as_deref() {
+            let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
+                (Some(pid), _) => ParentKey::Agent(pid),
+                (None, Some(lead)) => ParentKey::Lead(lead.into()),
+                (None, None) => ParentKey::None,
+            };
+            if let Some(rec) = self
+                .idempotency
+                .get(&(parent_key, Arc::from(key)))
+                .and_then(|id| self.agents.get(id))
+            {
+                return Ok((self.view_of(rec), true));
+            }
+        }
+        self.check_spec(&spec)?;
+        let parent = match spec.parent_id {
+            Some(pid) => {
+                let p = self.agents.get(&pid).ok_or(Error::NotFound {
+                    field: "parent_id",
+                    id: pid.to_string(),
+                })?;
+                if p.view.status.is_terminal() {
+                    return Err(Error::AgentFinished {
+                        field: "parent_id",
+                        id: pid.to_string(),
+                        status: p.view.status,
+                    });
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let (parent_key, root_id, lead_id, depth) = match parent {
+            Some(p) => (
+                ParentKey::Agent(p.view.id),
+                Some(p.view.root_id),
+                p.view.lead_id.clone(),
+                p.view.depth + 1,
+            ),
+            None => {
+                let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
+                let key = lead.clone().map_or(ParentKey::None, ParentKey::Lead);
+                (key, None, lead, 1)
+            }
+        };
+        let idem_key = spec.idempotency_key.as_deref().map(Arc::<str>::from);
+        if depth > self.limits.max_depth {
+            return Err(Error::DepthLimit {
+                limit: self.limits.max_depth,
+                depth,
+            });
+        }
+        let tree_limit = self.limits.max_live_descendants_per_root;
+        if let Some(root) = root_id {
+            let live = self.tree_live.get(&root).copied().unwrap_or(0);
+            if tree_limit != 0 && live >= tree_limit {
+                return Err(Error::DescendantLimit {
+                    limit: tree_limit,
+                    live,
+                    root_id: root,
+                });
+            }
+        }
+        if spec.background && self.live_background >= self.limits.max_background_agents {
+            return Err(Error::GlobalLimit {
+                limit: self.limits.max_background_agents,
+                live: self.live_background,
+            });
+        }
+
+        let (trace, span) = self.trace_for(
+            spec.parent_id
+                .and_then(|p| self.agents.get(&p))
+                .map(|p| &**p),
+            spec.trace,
+            &spec.agent,
+        );
+        let id = Uuid::now_v7();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let bucket = self.bucket_for(&spec.model);
+        let runner = self.agent_types[&spec.agent].runner;
+        let view = AgentView {
+            id,
+            agent: self.intern(&spec.agent),
+            model: self.intern(&spec.model),
+            description: self.text(spec.description),
+            parent_id: spec.parent_id,
+            root_id: root_id.unwrap_or(id),
+            lead_id,
+            depth,
+            status: AgentStatus::Queued,
+            created_at: now,
+            started_at: None,
+            finished_at: None,
+            result: self.empty.clone(),
+            error: None,
+            approval: None,
+            usage: Usage::default(),
+            total_usage: Usage::default(),
+            labels: if spec.labels.is_empty() {
+                self.no_labels.clone()
+            } else {
+                Arc::new(spec.labels)
+            },
+            background: spec.background,
+            detached: spec.detached,
+            queue_reason: None,
+            worker_id: None,
+            attempt: 0,
+            bucket: bucket.clone(),
+            trace_id: trace.trace_id,
+        };
+        let record = Record {
+            view,
+            seq,
+            parent_key: parent_key.clone(),
+            runner,
+            prompt: Some(spec.prompt.into()),
+            timeout: spec.timeout.unwrap_or(self.runs.default_timeout),
+            steer_buffer: Vec::new(),
+            run: None,
+            children: Vec::new(),
+            idempotency_key: idem_key.clone(),
+            span_id: trace.span_id,
+            sampled: trace.sampled,
+            span,
+        };
+        if let Some(pid) = spec.parent_id {
+            if let Some(p) = self.agents.get_mut(&pid) {
+                p.children.push(id);
+            }
+        }
+        if let Some(k) = idem_key {
+            self.idempotency.insert((parent_key.clone(), k), id);
+        }
+        if let Some(lead) = &record.view.lead_id {
+            self.lead_live.entry(lead.clone()).or_default().insert(id);
+        }
+        self.agents.insert(id, Box::new(record));
+        self.order.insert(seq, id);
+        let rec = &self.agents[&id];
+        if let Some(lead) = &rec.view.lead_id {
+            self.by_lead.insert((lead.clone(), seq), id);
+        }
+        self.by_root.insert((rec.view.root_id, seq), id);
+        self.by_status.moved(seq, id, None, AgentStatus::Queued);
+        // A new agent enters in QUEUED; account for the slots QUEUED holds.
+        self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
+        self.stats.spawned(&bucket);
+
+        let mut dirty = Dirty::default();
+        if self.can_start(&self.agents[&id]) {
+            self.start(id, &mut dirty);
+        } else {
+            let rec = &self.agents[&id];
+            self.queue.push(seq, id, rec.sub_key());
+            self.publish(id, EventKind::Queued);
+        }
+        self.drain(dirty);
+        Ok((self.view(id).expect("agent was just inserted"), false))
+    }
+
+    /// A new agent's trace context, and its span record when spans are
+    /// recorded. Inherited from its parent agent, else from the Spawn
+    /// caller; otherwise the first span of a new trace. With a sink the run
+    /// gets a span of its own under the inherited one; without, it passes
+    /// the inherited context on as it is (nothing records a span), or a new
+    /// unsampled one, so logs, workers and programs still share a trace id.
+    fn trace_for(
+        &self,
+        parent: Option<&Record>,
+        spawn: SpawnTrace,
+        agent: &str,
+    ) -> (TraceContext, Option<Box<SpanRecord>>) {
+        let inherited = match parent {
+            Some(p) => Some(p.trace_context()),
+            None => spawn.caller,
+        };
+        let Some(sink) = &self.span_sink else {
+            return (
+                inherited.unwrap_or_else(|| TraceContext::new_root(false)),
+                None,
+            );
+        };
+        let trace_id = inherited.map_or_else(TraceId::random, |c| c.trace_id);
+        let sampled = sink.sample(inherited.as_ref(), trace_id, agent);
+        let context = TraceContext {
+            trace_id,
+            span_id: random_span_id(),
+            sampled,
+        };
+        let span = SpanRecord {
+            parent: inherited,
+            link: spawn.rpc,
+            ..SpanRecord::default()
+        };
+        (context, Some(Box::new(span)))
+    }
+
+    fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
+        let mut violations = Vec::new();
+        if !self.agent_types.contains_key(&spec.agent) {
+            return Err(Error::UnknownAgentType {
+                name: spec.agent.clone(),
+                known: self.agent_types.keys().cloned().collect(),
+            });
+        }
+        if spec.prompt.len() > self.limits.max_prompt_bytes {
+            violations.push(FieldViolation::new(
+                "prompt",
+                format!(
+                    "prompt is {} bytes; the limit is {} bytes ([limits] max_prompt_bytes)",
+                    spec.prompt.len(),
+                    self.limits.max_prompt_bytes
+                ),
+            ));
+        }
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(violations))
+        }
+    }
+
+    /// Takes the slots in `held` for a record (used when it first enters).
+    pub(super) fn acquire(&mut self, id: AgentId, held: Held) {
+        let rec = &self.agents[&id];
+        let (bucket, parent, root) = (
+            rec.view.bucket.clone(),
+            rec.parent_key.clone(),
+            rec.view.root_id,
+        );
+        if held.global {
+            self.live_background += 1;
+        }
+        if held.bucket {
+            *self.bucket_running.entry(bucket).or_default() += 1;
+        }
+        if held.parent {
+            *self.parent_running.entry(parent).or_default() += 1;
+        }
+        if held.tree {
+            *self.tree_live.entry(root).or_default() += 1;
+        }
+    }
+
+    /// Gives back the slots in `held`, marking freed limits dirty.
+    pub(super) fn release(&mut self, id: AgentId, held: Held, dirty: &mut Dirty) {
+        let rec = &self.agents[&id];
+        let (bucket, parent, root) = (
+            rec.view.bucket.clone(),
+            rec.parent_key.clone(),
+            rec.view.root_id,
+        );
+        fn dec<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, k: &K) {
+            if let Some(n) = map.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(k);
+                }
+            }
+        }
+        if held.global {
+            self.live_background -= 1;
+        }
+        // Only a limit that was full can have agents waiting on it alone:
+        // one that had room already held nobody back, so it need not be
+        // walked (this keeps a release O(log n) when parents are not the
+        // binding limit).
+        if held.bucket {
+            if !self.bucket_has_room(&bucket) {
+                dirty.bucket(&bucket);
+            }
+            dec(&mut self.bucket_running, &bucket);
+        }
+        if held.parent {
+            if !self.parent_has_room(&parent) {
+                dirty.parent(&parent);
+            }
+            dec(&mut self.parent_running, &parent);
+        }
+        if held.tree {
+            dec(&mut self.tree_live, &root);
+        }
+    }
+
+    /// QUEUED (or AWAITING_APPROVAL) → RUNNING, creating the run's controls
+    /// on first start.
+    pub(super) fn start(&mut self, id: AgentId, dirty: &mut Dirty) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        // A worker type takes a slot of the serving worker with the most
+        // free capacity. Admission checked there is one; the agent leaves
+        // the queue under its key *before* the assignment changes that key
+        // (the removal in `transition` then finds nothing to do).
+        if let Some(agent_type) = rec.needs_worker() {
+            let Some(worker) = self.workers.pick(agent_type) else {
+                debug_assert!(false, "started without worker capacity");
+                return;
+            };
+            if rec.view.status == AgentStatus::Queued {
+                self.queue.remove(rec.seq, &rec.sub_key());
+            }
+            self.workers.hold(worker, id);
+            rec.view.worker_id = Some(worker);
+        }
+        let now = SystemTime::now();
+        if rec.view.started_at.is_none() {
+            rec.view.started_at = Some(now);
+            let waited = now.duration_since(rec.view.created_at).unwrap_or_default();
+            self.stats.first_start(&rec.view.bucket, waited);
+        }
+        let first_start = rec.run.is_none();
+        let steer_rx = if first_start {
+            rec.view.attempt += 1;
+            let (tx, rx) = steer_inbox();
+            rec.run = Some(Box::new(RunControl {
+                cancel: CancellationToken::new(),
+                steer: tx,
+                output: String::new(),
+                approval: None,
+                decision: None,
+                last_call: None,
+                identical_calls: 0,
+                progress: Arc::new(RunProgress::new()),
+            }));
+            Some(rx)
+        } else {
+            None
+        };
+        let on_worker = rec
+            .view
+            .worker_id
+            .filter(|_| rec.runner == RunnerKind::Worker);
+        let run = rec.run.as_ref().expect("run controls exist");
+        // Steer messages that waited: a worker gets them in its assignment
+        // (or after the approval decision), an in-process run in its inbox.
+        let mut waiting_steers = std::mem::take(&mut rec.steer_buffer);
+        if on_worker.is_none() {
+            for msg in waiting_steers.drain(..) {
+                // The inbox lives as long as the run task; a closed one means
+                // the run is ending and the message has nowhere to go.
+                let _ = run.steer.send(msg);
+            }
+        }
+        let cancel = run.cancel.clone();
+        if self.transition(id, AgentStatus::Running, dirty).is_err() {
+            return;
+        }
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        // Resuming after an approval: the run learns the decision now, and
+        // the stale clock restarts (waiting for a person is not being stuck).
+        if let Some(run) = rec.run.as_mut() {
+            run.progress.touch();
+            if let Some((approval_id, outcome)) = run.decision.take() {
+                match (on_worker, run.approval.take()) {
+                    (Some(worker), _) => {
+                        self.workers.send(
+                            worker,
+                            WorkerCommand::Approval {
+                                agent_id: id,
+                                approval_id,
+                                outcome,
+                            },
+                        );
+                    }
+                    (None, Some(tx)) => {
+                        let _ = tx.send(outcome);
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        if let (Some(worker), false) = (on_worker, first_start) {
+            for message in waiting_steers.drain(..) {
+                self.workers.send(
+                    worker,
+                    WorkerCommand::Steer {
+                        agent_id: id,
+                        message,
+                    },
+                );
+            }
+        }
+        if let Some(steer) = steer_rx {
+            // Kept until the agent ends: a retried run needs it again.
+            let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
+            let traceparent: Arc<str> = rec.trace_context().traceparent().into();
+            if let Some(worker) = on_worker {
+                self.workers.send(
+                    worker,
+                    WorkerCommand::Assign(Box::new(Assignment {
+                        agent: rec.view.clone(),
+                        prompt: prompt.clone(),
+                        steer_messages: waiting_steers,
+                        deadline: now + rec.timeout,
+                        traceparent: traceparent.clone(),
+                    })),
+                );
+            }
+            let start = RunStart {
+                agent: rec.view.clone(),
+                runner: rec.runner,
+                prompt,
+                steer,
+                cancel,
+                timeout: rec.timeout,
+                agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
+                traceparent,
+                progress: rec
+                    .run
+                    .as_ref()
+                    .map(|r| r.progress.clone())
+                    .expect("run controls exist"),
+                stale_timeout: self.runs.stale_timeout,
+            };
+            self.starts.push(start);
+        }
+    }
+
+    /// Starts queued agents while limits freed by `dirty` have room, earliest
+    /// admission first.
+    pub(super) fn drain(&mut self, dirty: Dirty) {
+        while !self.closed && !dirty.is_empty() && !self.queue.is_empty() {
+            let next = self.queue.next_eligible(
+                &dirty,
+                |b| self.bucket_has_room(b),
+                |p| self.parent_has_room(p),
+                |t| self.workers.has_room(t),
+            );
+            let Some((_, id, _)) = next else { break };
+            let mut more = Dirty::default();
+            self.start(id, &mut more);
+            // Starting takes slots and never frees one, so `more` stays empty;
+            // keep draining the same freed limits.
+            debug_assert!(more.is_empty());
+        }
+    }
+
+    /// Runs to hand to the runners since the last call.
+    pub fn take_starts(&mut self) -> Vec<RunStart> {
+        std::mem::take(&mut self.starts)
+    }
+}

@@ -1,0 +1,294 @@
+//! The lifecycle: the one transition function every state change goes
+//! through, a run's own end (finish) and the server's (end_run), resuming
+//! after an approval, retrying after a lost worker, and the ended-run
+//! records handed out for logs and spans.
+
+use std::{sync::Arc, time::SystemTime};
+
+use super::{cancel::Cascade, Core, LIFECYCLE};
+use crate::scheduler::{
+    events::EventKind,
+    queue::Dirty,
+    state::{check_move, Held, InvalidMove},
+    trace::{EndedRun, RunTrace, SpanEventKind, SpanRecord, SpanSink},
+    types::*,
+    workers::WorkerCommand,
+};
+
+impl Core {
+    /// The one place an agent changes state: checks the move, moves slots
+    /// by the difference between the two states, keeps the queue and the
+    /// indexes in step, and publishes the event.
+    pub(super) fn transition(
+        &mut self,
+        id: AgentId,
+        to: AgentStatus,
+        dirty: &mut Dirty,
+    ) -> Result<(), InvalidMove> {
+        let kind = match to {
+            AgentStatus::Queued => EventKind::Queued,
+            AgentStatus::Running => EventKind::Started,
+            AgentStatus::AwaitingApproval => EventKind::AwaitingApproval,
+            AgentStatus::Done => EventKind::Done,
+            AgentStatus::Failed => EventKind::Failed,
+            AgentStatus::Cancelled => EventKind::Cancelled,
+        };
+        self.transition_as(id, to, kind, dirty)
+    }
+
+    /// [`Core::transition`], publishing `kind` (e.g. RETRYING for a QUEUED
+    /// that is a retry).
+    fn transition_as(
+        &mut self,
+        id: AgentId,
+        to: AgentStatus,
+        kind: EventKind,
+        dirty: &mut Dirty,
+    ) -> Result<(), InvalidMove> {
+        let rec = self.agents.get(&id).expect("transition of a known agent");
+        let from = rec.view.status;
+        check_move(from, to)?;
+        let bg = rec.view.background;
+        let (before, after) = (Held::of(from, bg), Held::of(to, bg));
+        let released = Held {
+            global: before.global && !after.global,
+            bucket: before.bucket && !after.bucket,
+            parent: before.parent && !after.parent,
+            tree: before.tree && !after.tree,
+        };
+        let acquired = Held {
+            global: after.global && !before.global,
+            bucket: after.bucket && !before.bucket,
+            parent: after.parent && !before.parent,
+            tree: after.tree && !before.tree,
+        };
+        self.release(id, released, dirty);
+        self.acquire(id, acquired);
+
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        if from == AgentStatus::Queued {
+            let key = rec.sub_key();
+            self.queue.remove(rec.seq, &key);
+        }
+        if to == AgentStatus::Queued {
+            let key = rec.sub_key();
+            self.queue.push(rec.seq, id, key);
+        }
+        rec.view.status = to;
+        self.by_status.moved(rec.seq, id, Some(from), to);
+        self.stats.moved(&rec.view.bucket, from, to);
+        if to != AgentStatus::AwaitingApproval {
+            rec.view.approval = None;
+        }
+        if to.is_terminal() {
+            let now = SystemTime::now();
+            rec.view.finished_at = Some(now);
+            if let Some(ran) = rec.view.started_at.and_then(|s| now.duration_since(s).ok()) {
+                self.stats.ended(&rec.view.bucket, ran);
+            }
+            if let (AgentStatus::Cancelled, Some(span)) = (to, rec.span.as_mut()) {
+                let reason = rec
+                    .view
+                    .error
+                    .as_ref()
+                    .map_or_else(|| Arc::from("cancelled"), |e| Arc::from(&*e.message));
+                span.push(now, SpanEventKind::Cancelled { reason });
+            }
+            rec.prompt = None;
+            rec.steer_buffer = Vec::new();
+            if let Some(run) = rec.run.take() {
+                run.cancel.cancel();
+                // A run that ended without a result keeps what it output.
+                if to != AgentStatus::Done && !run.output.is_empty() {
+                    rec.view.result = run.output.into();
+                }
+            }
+            // Ended here (cancel, deadline, parent ended) while a worker
+            // still holds the run: tell it to stop; its capacity stays taken
+            // until it confirms or the grace passes. The agent itself no
+            // longer has a worker.
+            if let Some(worker) = rec.view.worker_id.take() {
+                if self.workers.holds(worker, id) {
+                    let reason = rec
+                        .view
+                        .error
+                        .as_ref()
+                        .map_or_else(|| "run stopped".to_owned(), |e| e.message.to_string());
+                    self.workers.send(
+                        worker,
+                        WorkerCommand::Cancel {
+                            agent_id: id,
+                            reason,
+                        },
+                    );
+                    self.grace_timers.push((worker, id, self.runs.cancel_grace));
+                }
+            }
+            if let Some(lead) = rec.view.lead_id.clone() {
+                if let Some(set) = self.lead_live.get_mut(&lead) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        self.lead_live.remove(&lead);
+                    }
+                }
+            }
+            self.finished.push_back((now, id));
+        }
+        if to.is_settled() {
+            if let Some(waiters) = self.waiters.remove(&id) {
+                for w in waiters {
+                    w.notify_one();
+                }
+            }
+        }
+        self.publish(id, kind);
+        if to.is_terminal() {
+            self.note_ended(id);
+        }
+        Ok(())
+    }
+
+    /// Queues an ended agent for its log line and, when its span is
+    /// recorded and sampled, its span export; both happen outside the lock.
+    fn note_ended(&mut self, id: AgentId) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        let context = rec.trace_context();
+        let trace = match rec.span.as_mut() {
+            Some(span) if context.sampled => Some(RunTrace {
+                context,
+                span: SpanRecord {
+                    events: std::mem::take(&mut span.events),
+                    ..(**span).clone()
+                },
+            }),
+            _ => None,
+        };
+        if trace.is_some() || tracing::enabled!(target: LIFECYCLE, tracing::Level::INFO) {
+            let agent = rec.view.clone();
+            self.ended.push(EndedRun { agent, trace });
+        }
+    }
+
+    /// Agents that ended since the last call (see [`Core::note_ended`]).
+    pub fn take_ended(&mut self) -> Vec<EndedRun> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// The span sink, for exporting what [`Core::take_ended`] returned.
+    pub fn span_sink(&self) -> Option<&Arc<dyn SpanSink>> {
+        self.span_sink.as_ref()
+    }
+
+    /// The run ended on its own: DONE with a result, or FAILED. Reports
+    /// for agents that already ended (cancelled, timed out) are ignored.
+    pub fn finish(&mut self, id: AgentId, outcome: Result<String, AgentError>) -> bool {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return false;
+        };
+        if rec.view.status.is_terminal() {
+            return false;
+        }
+        let to = match outcome {
+            Ok(result) => {
+                rec.view.result = if result.is_empty() {
+                    self.empty.clone()
+                } else {
+                    result.into()
+                };
+                AgentStatus::Done
+            }
+            Err(error) => {
+                rec.view.error = Some(error);
+                AgentStatus::Failed
+            }
+        };
+        let mut dirty = Dirty::default();
+        if self.transition(id, to, &mut dirty).is_err() {
+            return false;
+        }
+        self.cascade(id, Cascade::SkipDetached, &mut dirty, &mut Vec::new());
+        self.drain(dirty);
+        true
+    }
+
+    /// Ends a live run from the server's side (circuit breaker, stale):
+    /// like a failure reported by the run, it cancels the non-detached
+    /// descendants.
+    pub(super) fn end_run(&mut self, id: AgentId, to: AgentStatus, error: AgentError) -> bool {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return false;
+        };
+        if rec.view.status.is_terminal() {
+            return false;
+        }
+        rec.view.error = Some(error);
+        let mut dirty = Dirty::default();
+        if self.transition(id, to, &mut dirty).is_err() {
+            return false;
+        }
+        self.cascade(id, Cascade::SkipDetached, &mut dirty, &mut Vec::new());
+        self.drain(dirty);
+        true
+    }
+
+    /// An approval was decided: AWAITING_APPROVAL → back in its bucket's
+    /// queue at its original admission sequence (ahead of newer agents), or
+    /// straight to RUNNING when its limits have room.
+    pub fn resume(&mut self, id: AgentId) -> bool {
+        let Some(rec) = self.agents.get(&id) else {
+            return false;
+        };
+        if rec.view.status != AgentStatus::AwaitingApproval {
+            return false;
+        }
+        let (bucket, parent) = (rec.view.bucket.clone(), rec.parent_key.clone());
+        let mut dirty = Dirty::default();
+        if !rec.view.background || (self.bucket_has_room(&bucket) && self.parent_has_room(&parent))
+        {
+            self.start(id, &mut dirty);
+        } else if self
+            .transition(id, AgentStatus::Queued, &mut dirty)
+            .is_err()
+        {
+            return false;
+        }
+        self.drain(dirty);
+        true
+    }
+
+    /// Queues a run whose worker was lost for another attempt, ahead of
+    /// newer agents (it keeps its admission sequence).
+    pub(super) fn retry(&mut self, id: AgentId, dirty: &mut Dirty) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
+        if let Some(run) = rec.run.take() {
+            // Ends this attempt's run task without a report.
+            run.cancel.cancel();
+        }
+        let agent_type = rec.view.agent.clone();
+        if let Some(span) = rec.span.as_mut() {
+            let attempt = rec.view.attempt + 1;
+            span.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
+        }
+        if rec.view.status == AgentStatus::Queued {
+            // Approved and waiting for a slot: it stays queued, now also
+            // for a worker (its queue key changes with that).
+            self.queue.remove(rec.seq, &rec.sub_key());
+            rec.view.worker_id = None;
+            self.queue.push(rec.seq, id, rec.sub_key());
+            self.publish(id, EventKind::Retrying);
+        } else {
+            rec.view.worker_id = None;
+            rec.view.approval = None;
+            if self
+                .transition_as(id, AgentStatus::Queued, EventKind::Retrying, dirty)
+                .is_err()
+            {
+                return;
+            }
+        }
+        // Not started here even if a worker has room: the drain starts the
+        // earliest eligible agent, which may be an older one that waits for
+        // the bucket slot this run just gave back.
+        dirty.worker_type(&agent_type);
+    }
+}

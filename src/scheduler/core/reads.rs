@@ -1,0 +1,317 @@
+//! Reads: an agent's view, filtered listings and the indexes they use,
+//! Await waiters, and WatchAgents subscriptions and events.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use tokio::sync::Notify;
+
+use super::{Core, Page, Record};
+use crate::scheduler::{
+    events::{EventKind, SubscriberId, Subscription},
+    types::*,
+};
+
+impl Core {
+    pub(super) fn view_of(&self, rec: &Record) -> AgentView {
+        let mut v = rec.view.clone();
+        if v.status == AgentStatus::Queued {
+            v.queue_reason = Some(self.queue_reason(rec).into());
+        }
+        if let Some(run) = &rec.run {
+            if !run.output.is_empty() {
+                v.result = run.output.as_str().into();
+            }
+        }
+        v
+    }
+
+    fn queue_reason(&self, rec: &Record) -> String {
+        if !rec.view.background {
+            // Foreground agents bypass bucket and parent: only a worker can
+            // be missing.
+            return self
+                .worker_reason(rec)
+                .unwrap_or_else(|| "waiting for a slot".to_owned());
+        }
+        let bucket = &rec.view.bucket;
+        let limit = self.bucket_limit(bucket);
+        let running = self.bucket_running.get(bucket).copied().unwrap_or(0);
+        if limit != 0 && running >= limit {
+            return format!("bucket \"{bucket}\" {running}/{limit} running");
+        }
+        let limit = self.limits.max_concurrent_per_parent;
+        let running = self
+            .parent_running
+            .get(&rec.parent_key)
+            .copied()
+            .unwrap_or(0);
+        // A root without a lead has no per-parent limit.
+        if rec.parent_key != ParentKey::None && limit != 0 && running >= limit {
+            return format!("parent limit {running}/{limit}");
+        }
+        self.worker_reason(rec)
+            .unwrap_or_else(|| "waiting for a slot".to_owned())
+    }
+
+    /// Why a worker type's agent cannot get a worker, if it cannot.
+    fn worker_reason(&self, rec: &Record) -> Option<String> {
+        let agent_type = rec.needs_worker()?;
+        let cap = self.workers.capacity_of(agent_type);
+        if cap.workers == 0 {
+            Some(format!(
+                "no worker connected for agent type \"{agent_type}\""
+            ))
+        } else if !self.workers.has_room(agent_type) {
+            Some(format!(
+                "all {} workers for agent type \"{agent_type}\" are busy ({}/{} runs)",
+                cap.workers, cap.held, cap.capacity
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// One agent as the API shows it.
+    pub fn view(&self, id: AgentId) -> Option<AgentView> {
+        self.agents.get(&id).map(|r| self.view_of(r))
+    }
+
+    /// Agents matching `filter`, oldest first, starting after admission
+    /// sequence `after`, at most `limit`.
+    pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
+        let mut agents = Vec::new();
+        let mut last = None;
+        for (seq, rec) in self.candidates(filter, after) {
+            if agents.len() == limit {
+                return Page {
+                    agents,
+                    next_after: last,
+                };
+            }
+            agents.push(self.view_of(rec));
+            last = Some(seq);
+        }
+        Page {
+            agents,
+            next_after: None,
+        }
+    }
+
+    /// The records matching `filter` after admission sequence `after`,
+    /// oldest first. Filters with an index (ids, parent's child list,
+    /// tree, lead, live statuses) read only their own agents, so a listing
+    /// or a snapshot does not scan every retained agent under the lock;
+    /// only a filter on finished states alone (or none) scans, testing
+    /// each record before a view is built.
+    fn candidates<'a>(
+        &'a self,
+        filter: &'a AgentFilter,
+        after: u64,
+    ) -> impl Iterator<Item = (u64, &'a Record)> + 'a {
+        let record = move |(seq, id): (u64, &AgentId)| self.agents.get(id).map(|r| (seq, &**r));
+        let after_seq = after.saturating_add(1);
+        let candidates: Box<dyn Iterator<Item = (u64, &Record)>> = if !filter.ids.is_empty() {
+            let mut recs: Vec<(u64, &Record)> = filter
+                .ids
+                .iter()
+                .filter_map(|id| self.agents.get(id))
+                .map(|rec| (rec.seq, &**rec))
+                .filter(|(seq, _)| *seq > after)
+                .collect();
+            recs.sort_unstable_by_key(|(seq, _)| *seq);
+            recs.dedup_by_key(|(seq, _)| *seq);
+            Box::new(recs.into_iter())
+        } else if let Some(parent) = filter.parent_id.and_then(|p| self.agents.get(&p)) {
+            Box::new(
+                parent
+                    .children
+                    .iter()
+                    .filter_map(|c| self.agents.get(c))
+                    .map(|rec| (rec.seq, &**rec))
+                    .filter(move |(seq, _)| *seq > after),
+            )
+        } else if let Some(root) = filter.root_id {
+            Box::new(
+                self.by_root
+                    .range((root, after_seq)..=(root, u64::MAX))
+                    .map(|(&(_, seq), id)| (seq, id))
+                    .filter_map(record),
+            )
+        } else if let Some(lead) = &filter.lead_id {
+            let lead: Arc<str> = lead.as_str().into();
+            Box::new(
+                self.by_lead
+                    .range((lead.clone(), after_seq)..=(lead, u64::MAX))
+                    .map(|(&(_, seq), id)| (seq, id))
+                    .filter_map(record),
+            )
+        } else if let Some(live) = self.by_status.ranges(&filter.statuses, after_seq) {
+            Box::new(live.filter_map(record))
+        } else {
+            Box::new(
+                self.order
+                    .range(after_seq..)
+                    .filter_map(move |(&seq, id)| record((seq, id))),
+            )
+        };
+        candidates.filter(move |(_, rec)| filter.matches(&rec.view))
+    }
+
+    /// Registers `waiter` to be notified when `id` settles. Returns false if
+    /// it is settled already.
+    pub fn add_waiter(&mut self, id: AgentId, waiter: &Arc<Notify>) -> bool {
+        match self.agents.get(&id) {
+            Some(rec) if !rec.view.status.is_settled() => {
+                let list = self.waiters.entry(id).or_default();
+                if !list.iter().any(|w| Arc::ptr_eq(w, waiter)) {
+                    list.push(waiter.clone());
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets a waiter (its Await returned or its caller went away).
+    pub fn remove_waiter(&mut self, id: AgentId, waiter: &Arc<Notify>) {
+        if let Some(list) = self.waiters.get_mut(&id) {
+            list.retain(|w| !Arc::ptr_eq(w, waiter));
+            if list.is_empty() {
+                self.waiters.remove(&id);
+            }
+        }
+    }
+
+    /// Registered Await waiters over all agents (tests check that callers
+    /// who went away left none behind).
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.values().map(Vec::len).sum()
+    }
+
+    /// Subscribes to events, see [`EventLog::subscribe`].
+    ///
+    /// [`EventLog::subscribe`]: crate::scheduler::events::EventLog::subscribe
+    pub fn subscribe(&mut self, query: &WatchQuery) -> Subscription {
+        let WatchQuery {
+            filter,
+            after_sequence,
+            include_snapshot,
+            include_progress,
+        } = query;
+        let (after_sequence, include_snapshot) = (*after_sequence, *include_snapshot);
+        let needs_snapshot = include_snapshot
+            || (after_sequence > 0 && !self.events.can_replay_after(after_sequence));
+        // Built only when sent, and filtered on the record before a view is
+        // made, since this runs under the scheduler lock.
+        let snapshot = needs_snapshot.then(|| {
+            self.candidates(filter, 0)
+                .map(|(_, rec)| self.view_of(rec))
+                .collect()
+        });
+        self.events
+            .subscribe(filter, after_sequence, snapshot, *include_progress)
+    }
+
+    /// Ends a routed subscription (see [`EventLog::unsubscribe`]).
+    ///
+    /// [`EventLog::unsubscribe`]: crate::scheduler::events::EventLog::unsubscribe
+    pub fn unsubscribe(&mut self, id: SubscriberId) {
+        self.events.unsubscribe(id);
+    }
+
+    pub(super) fn publish(&mut self, id: AgentId, kind: EventKind) {
+        let view = self.view(id).expect("known agent");
+        self.events.publish(kind, view);
+    }
+}
+
+/// Live agents by state (QUEUED, RUNNING, AWAITING_APPROVAL), each in
+/// admission order. Terminal states are not indexed: retained finished
+/// agents far outnumber live ones and would cost an entry each.
+#[derive(Debug, Default)]
+pub(super) struct LiveByStatus {
+    queued: BTreeMap<u64, AgentId>,
+    running: BTreeMap<u64, AgentId>,
+    awaiting_approval: BTreeMap<u64, AgentId>,
+}
+
+impl LiveByStatus {
+    fn of(&mut self, status: AgentStatus) -> Option<&mut BTreeMap<u64, AgentId>> {
+        match status {
+            AgentStatus::Queued => Some(&mut self.queued),
+            AgentStatus::Running => Some(&mut self.running),
+            AgentStatus::AwaitingApproval => Some(&mut self.awaiting_approval),
+            AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => None,
+        }
+    }
+
+    /// Moves agent `id` (admission sequence `seq`) from `from` (None: new)
+    /// to `to`.
+    pub(super) fn moved(
+        &mut self,
+        seq: u64,
+        id: AgentId,
+        from: Option<AgentStatus>,
+        to: AgentStatus,
+    ) {
+        if let Some(map) = from.and_then(|f| self.of(f)) {
+            map.remove(&seq);
+        }
+        if let Some(map) = self.of(to) {
+            map.insert(seq, id);
+        }
+    }
+
+    /// The agents in any of `statuses` from admission sequence `from` on,
+    /// oldest first, when every one of them is a live state (None when the
+    /// index cannot answer: no statuses, or a terminal one among them).
+    fn ranges<'a>(
+        &'a self,
+        statuses: &[AgentStatus],
+        from: u64,
+    ) -> Option<impl Iterator<Item = (u64, &'a AgentId)> + 'a> {
+        if statuses.is_empty() {
+            return None;
+        }
+        let mut maps: Vec<&BTreeMap<u64, AgentId>> = Vec::with_capacity(3);
+        for status in statuses {
+            let map = match status {
+                AgentStatus::Queued => &self.queued,
+                AgentStatus::Running => &self.running,
+                AgentStatus::AwaitingApproval => &self.awaiting_approval,
+                AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => return None,
+            };
+            if !maps.iter().any(|m| std::ptr::eq(*m, map)) {
+                maps.push(map);
+            }
+        }
+        let mut heads: Vec<_> = maps
+            .into_iter()
+            .map(|m| m.range(from..).map(|(&seq, id)| (seq, id)).peekable())
+            .collect();
+        // A merge of at most three ordered ranges by sequence.
+        Some(std::iter::from_fn(move || {
+            let next = heads
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, h)| h.peek().map(|(seq, _)| (*seq, i)))
+                .min()?;
+            heads[next.1].next()
+        }))
+    }
+
+    /// Every (state, sequence) held, for [`Core::counters`].
+    pub(super) fn entries(&self) -> BTreeSet<(&'static str, u64)> {
+        [
+            (AgentStatus::Queued, &self.queued),
+            (AgentStatus::Running, &self.running),
+            (AgentStatus::AwaitingApproval, &self.awaiting_approval),
+        ]
+        .into_iter()
+        .flat_map(|(status, map)| map.keys().map(move |seq| (status.name(), *seq)))
+        .collect()
+    }
+}

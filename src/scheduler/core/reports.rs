@@ -1,0 +1,171 @@
+//! What a live run reports: output, tool calls (and their circuit
+//! breakers), usage, and the progress clock the stale watch reads.
+
+use std::time::Duration;
+
+use super::Core;
+use crate::scheduler::{events::Progress, types::*};
+
+impl Core {
+    /// Appends a chunk of output to the agent's result while it runs, and
+    /// publishes it as an OUTPUT event if anyone watches progress.
+    pub fn append_output(&mut self, id: AgentId, chunk: &str) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        let Some(run) = rec.run.as_mut() else {
+            return;
+        };
+        if chunk.is_empty() || rec.view.status.is_terminal() {
+            return;
+        }
+        run.output.push_str(chunk);
+        run.progress.touch();
+        if self.events.wants_progress() {
+            // The record's own view has no result while it runs: progress
+            // events carry the chunk, not the whole output again.
+            let view = rec.view.clone();
+            self.events
+                .publish_progress(Progress::Output(chunk.into()), view);
+        }
+    }
+
+    /// Counts a tool call the run made, publishes it as a TOOL_CALL event
+    /// if anyone watches progress, and trips the circuit breakers: past
+    /// `[runs] max_tool_calls`, or `max_identical_tool_calls` identical calls
+    /// in a row, the run is cancelled with CIRCUIT_BREAKER.
+    pub fn record_tool_call(&mut self, id: AgentId, name: &str, input_digest: &str) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if rec.view.status.is_terminal() {
+            return;
+        }
+        let Some(run) = rec.run.as_mut() else {
+            return;
+        };
+        run.progress.touch();
+        let same = run
+            .last_call
+            .as_ref()
+            .is_some_and(|(n, d)| **n == *name && **d == *input_digest);
+        if same {
+            run.identical_calls += 1;
+        } else {
+            run.last_call = Some((name.into(), input_digest.into()));
+            run.identical_calls = 1;
+        }
+        let identical = run.identical_calls;
+        let total = rec.view.usage.tool_calls + 1;
+        // Counted first, so the TOOL_CALL event shows the agent after it.
+        self.add_usage(
+            id,
+            Usage {
+                tool_calls: 1,
+                ..Usage::default()
+            },
+        );
+        if self.events.wants_progress() {
+            let view = self.agents[&id].view.clone();
+            self.events.publish_progress(
+                Progress::ToolCall {
+                    name: name.into(),
+                    input_digest: input_digest.into(),
+                },
+                view,
+            );
+        }
+        let (max_total, max_identical) =
+            (self.runs.max_tool_calls, self.runs.max_identical_tool_calls);
+        let tripped = if max_total != 0 && total > max_total {
+            Some(format!(
+                "circuit breaker: {total} tool calls exceed [runs] max_tool_calls = {max_total}"
+            ))
+        } else if max_identical != 0 && identical > max_identical {
+            Some(format!(
+                "circuit breaker: {identical} identical calls in a row to tool \"{name}\" exceed \
+                 [runs] max_identical_tool_calls = {max_identical}"
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = tripped {
+            let error = AgentError::new(CODE_CIRCUIT_BREAKER, message);
+            self.end_run(id, AgentStatus::Cancelled, error);
+        }
+    }
+
+    /// Adds to the agent's usage while it runs, and to the total usage of
+    /// the agent and each of its ancestors.
+    pub fn add_usage(&mut self, id: AgentId, usage: Usage) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if rec.view.status.is_terminal() {
+            return;
+        }
+        if let Some(run) = &rec.run {
+            run.progress.touch();
+        }
+        add_to(&mut rec.view.usage, usage);
+        let mut next = Some(id);
+        while let Some(ancestor) = next {
+            let Some(rec) = self.agents.get_mut(&ancestor) else {
+                break;
+            };
+            add_to(&mut rec.view.total_usage, usage);
+            next = rec.view.parent_id;
+        }
+    }
+
+    /// The run is working without reporting anything that counts as
+    /// progress (e.g. output past its cap): it is not stale.
+    pub fn touch_progress(&mut self, id: AgentId) {
+        if let Some(run) = self.agents.get(&id).and_then(|r| r.run.as_ref()) {
+            run.progress.touch();
+        }
+    }
+
+    /// The stale watch of a run woke: if the agent is RUNNING and its run
+    /// reported nothing for `[runs] stale_timeout`, it fails with STALE.
+    /// Otherwise returns when to look again (None: stop watching).
+    pub fn check_stale(&mut self, id: AgentId) -> Option<tokio::time::Instant> {
+        let timeout = self.runs.stale_timeout;
+        let rec = self.agents.get(&id)?;
+        // No run (ended, or a retry replaced it): its task is being stopped.
+        let run = rec.run.as_ref()?;
+        if rec.view.status.is_terminal() {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        if timeout.is_zero() {
+            // Turned off by a reload: look again in a day, in case it is
+            // turned back on.
+            return Some(now + Duration::from_secs(86_400));
+        }
+        if rec.view.status != AgentStatus::Running {
+            // Waiting for a decision or a slot: not the run's fault.
+            run.progress.touch();
+            return Some(now + timeout);
+        }
+        let due = run.progress.last() + timeout;
+        if now < due {
+            return Some(due);
+        }
+        let error = AgentError::new(
+            CODE_STALE,
+            format!(
+                "the run reported nothing (output, tool call, usage) for {}; [runs] stale_timeout",
+                humantime::format_duration(timeout)
+            ),
+        );
+        self.end_run(id, AgentStatus::Failed, error);
+        None
+    }
+}
+
+fn add_to(total: &mut Usage, more: Usage) {
+    total.input_tokens += more.input_tokens;
+    total.output_tokens += more.output_tokens;
+    total.tool_calls += more.tool_calls;
+}

@@ -1,0 +1,136 @@
+//! Workers as the core sees them: registering one, losing one (its runs
+//! fail or retry), its reports about runs, and the cancel-grace timers
+//! that free a stopped run's capacity.
+
+use std::time::Duration;
+
+use super::Core;
+use crate::config::RunnerKind;
+use crate::scheduler::{
+    queue::Dirty,
+    types::*,
+    workers::{WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
+};
+
+impl Core {
+    /// Cancel-grace timers to arm since the last call: after the duration,
+    /// [`Core::release_worker_slot`] the (worker, agent) pair.
+    pub fn take_grace_timers(&mut self) -> Vec<(WorkerId, AgentId, Duration)> {
+        std::mem::take(&mut self.grace_timers)
+    }
+
+    /// Registers a connected worker; queued agents of its types may start
+    /// at once.
+    pub fn register_worker(
+        &mut self,
+        info: WorkerInfo,
+        commands: tokio::sync::mpsc::UnboundedSender<WorkerCommand>,
+    ) -> WorkerId {
+        let mut dirty = Dirty::default();
+        for agent_type in &info.agents {
+            dirty.worker_type(agent_type);
+        }
+        let id = self.workers.register(info, commands);
+        self.drain(dirty);
+        id
+    }
+
+    /// The agent types served by workers, for validating a hello: every
+    /// configured type with `runner = "worker"`.
+    pub fn worker_agent_types(&self) -> Vec<String> {
+        self.agent_types
+            .iter()
+            .filter(|(_, t)| t.runner == RunnerKind::Worker)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// A worker's session ended (stream closed, keepalive failed). Each
+    /// live run it held fails with WORKER_LOST, or is queued again when its
+    /// type retries; returns how many runs it held.
+    pub fn worker_lost(&mut self, worker: WorkerId) -> usize {
+        let Some((info, held)) = self.workers.remove(worker) else {
+            return 0;
+        };
+        let mut dirty = Dirty::default();
+        for &id in &held {
+            let Some(rec) = self.agents.get(&id) else {
+                continue;
+            };
+            // Runs stopped here and awaiting the worker's confirmation are
+            // already terminal; their capacity went with the worker.
+            if rec.view.status.is_terminal() || rec.view.worker_id != Some(worker) {
+                continue;
+            }
+            let retries = self
+                .agent_types
+                .get(&*rec.view.agent)
+                .map_or(0, |t| t.retry_on_worker_lost);
+            if rec.view.attempt <= retries {
+                self.retry(id, &mut dirty);
+            } else {
+                let error = AgentError::new(
+                    CODE_WORKER_LOST,
+                    format!(
+                        "worker \"{}\" ({worker}) was lost while holding the run (attempt {})",
+                        info.name, rec.view.attempt
+                    ),
+                );
+                self.finish(id, Err(error));
+            }
+        }
+        self.drain(dirty);
+        held.len()
+    }
+
+    /// The cancel grace of a stopped worker run passed: its capacity frees
+    /// unless the worker already confirmed the run ended.
+    pub fn release_worker_slot(&mut self, worker: WorkerId, agent: AgentId) -> bool {
+        if !self.workers.release(worker, agent) {
+            return false;
+        }
+        let mut dirty = Dirty::default();
+        for agent_type in self.workers.agents_of(worker) {
+            dirty.worker_type(agent_type);
+        }
+        self.drain(dirty);
+        true
+    }
+
+    /// Applies a worker's report about one of its runs. Reports about runs
+    /// the worker does not hold, or that already ended, are not applied;
+    /// a terminal report always frees the worker's capacity for the run.
+    pub fn worker_report(&mut self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
+        let live = self.agents.get(&agent).is_some_and(|r| {
+            r.view.worker_id == Some(worker)
+                && r.runner == RunnerKind::Worker
+                && !r.view.status.is_terminal()
+        }) && self.workers.holds(worker, agent);
+        if event.is_terminal() {
+            self.release_worker_slot(worker, agent);
+        }
+        if !live {
+            return false;
+        }
+        match event {
+            WorkerEvent::Output(chunk) => self.append_output(agent, &chunk),
+            WorkerEvent::ToolCall { name, input_digest } => {
+                self.record_tool_call(agent, &name, &input_digest)
+            }
+            WorkerEvent::Usage(usage) => self.add_usage(agent, usage),
+            WorkerEvent::ApprovalRequest { tool_name, detail } => {
+                return self
+                    .pause_for_approval(agent, &tool_name, &detail, None)
+                    .is_some();
+            }
+            WorkerEvent::Done(result) => return self.finish(agent, Ok(result)),
+            WorkerEvent::Failed(error) => return self.finish(agent, Err(error)),
+        }
+        true
+    }
+
+    /// Every worker's (id, capacity, held runs), for invariant checks.
+    pub fn worker_snapshot(&self) -> Vec<(WorkerId, u32, Vec<AgentId>)> {
+        self.workers.snapshot()
+    }
+}
