@@ -508,6 +508,11 @@ pub struct AgentTypeConfig {
     /// Default 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retry_on_worker_lost: u32,
+    /// In-process runners (`simulated`, `command`, `openai`): how many
+    /// times a run interrupted by a server restart is queued again (at its
+    /// original position) before it fails with SERVER_RESTARTED. Default 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_on_restart: u32,
     /// Command runner: the program and its arguments; no shell.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
@@ -960,6 +965,13 @@ impl Config {
                     "applies only to runner = \"worker\"",
                 ));
             }
+            if agent.retry_on_restart > 0 && agent.runner == RunnerKind::Worker {
+                return Err(invalid(
+                    format!("agents.{name}.retry_on_restart"),
+                    "does not apply to runner = \"worker\" (worker runs re-attach; see \
+                     retry_on_worker_lost)",
+                ));
+            }
             agent.validate_command(name)?;
         }
         if self.server.keepalive_interval.is_zero() {
@@ -1194,6 +1206,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
     fn the_environment_sets_the_store_url() {
         figment::Jail::expect_with(|jail| {
             jail.set_env("SUBAGENTD_STORE__URL", "postgres://sa:pw@db/sa");

@@ -26,6 +26,7 @@ use std::{
 };
 
 use proptest::{prelude::*, sample::Index, test_runner::Config as ProptestConfig};
+use subagentd::store::{memory::MemoryStore, Batch, Store};
 use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
@@ -135,6 +136,9 @@ enum Op {
     },
     /// A reload with new limits.
     Reconfigure(LimitsPick),
+    /// The server process dies (everything acknowledged was committed);
+    /// a new core is rebuilt from the store and recovers the runs.
+    Crash,
 }
 
 /// A limit of 0..=3 where 0 means unlimited; tight values are likelier so
@@ -220,6 +224,7 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         1 => limits_pick().prop_map(Op::Reconfigure),
+        1 => Just(Op::Crash),
     ]
 }
 
@@ -330,6 +335,10 @@ struct Harness {
     workers: Vec<(WorkerId, u32, mpsc::UnboundedReceiver<WorkerCommand>)>,
     /// The step being checked, for failure messages.
     ctx: String,
+    /// What a crash leaves: every change committed at the end of each step
+    /// (each step's changes are acknowledged once it returns).
+    store: MemoryStore,
+    watch: WatchConfig,
 }
 
 /// An approval a run asked for, from the run's side.
@@ -384,16 +393,8 @@ impl Harness {
             subscriber_buffer: 1 << 16,
         };
         let mut core = Core::new(limits.clone(), RunsConfig::default(), &watch, agent_types());
-        let events = core.subscribe(&WatchQuery::default()).live;
-        let lead_events = core
-            .subscribe(&WatchQuery {
-                filter: AgentFilter {
-                    lead_id: Some(LEADS[0].to_owned()),
-                    ..AgentFilter::default()
-                },
-                ..WatchQuery::default()
-            })
-            .live;
+        core.track_changes();
+        let (events, lead_events) = watchers(&mut core);
         Self {
             core,
             events,
@@ -408,6 +409,8 @@ impl Harness {
             approvals: HashMap::new(),
             workers: Vec::new(),
             ctx: String::new(),
+            store: MemoryStore::new(),
+            watch,
         }
     }
 
@@ -732,11 +735,116 @@ impl Harness {
                 wrong_id,
             } => self.decide(agent, *approve, *wrong_id),
             Op::Reconfigure(pick) => self.reconfigure(pick),
+            Op::Crash => self.crash(),
         }
+        self.persist();
         self.check_invariants(&running_before);
         self.check_approvals();
         self.check_worker_commands();
         self.check_workers();
+    }
+
+    /// Commits what the step changed, as the store's writer would.
+    fn persist(&mut self) {
+        let (changes, _) = self.core.take_changes();
+        if !changes.is_empty() {
+            let mut batch = Batch::default();
+            batch.add(&changes);
+            self.store.commit(&batch).expect("the memory store commits");
+        }
+    }
+
+    /// Kills the core and rebuilds it from the store: everything the
+    /// store holds must be there as it was, counters must equal a recount,
+    /// and each interrupted run must be decided by the recovery rules.
+    fn crash(&mut self) {
+        self.persist();
+        let before: Vec<AgentView> = self
+            .order
+            .iter()
+            .filter_map(|id| self.core.view(*id))
+            .collect();
+        let last_sequence = self.core.last_sequence();
+        let recovered = self
+            .store
+            .load()
+            .expect("load")
+            .decode()
+            .expect("the store decodes");
+        let mut core = Core::new(
+            self.limits.clone(),
+            RunsConfig::default(),
+            &self.watch,
+            agent_types(),
+        );
+        let mut report = core
+            .restore(recovered, self.watch.history, self.watch.subscriber_buffer)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.ctx));
+        let ctx = &self.ctx;
+        assert_eq!(report.agents, before.len(), "{ctx}: agents read back");
+        for old in &before {
+            let new = core.view(old.id).expect("a retained agent survives");
+            let mut expected = old.clone();
+            if expected.status == AgentStatus::Queued && expected.agent.as_ref() == WORKER_TYPE {
+                // Its worker session is gone with the process.
+                expected.worker_id = None;
+            }
+            // Derived from the limits in force, not stored.
+            expected.queue_reason = None;
+            let mut got = new.clone();
+            got.queue_reason = None;
+            assert_eq!(
+                got, expected,
+                "{ctx}: agent #{} after a restart",
+                self.agents[&old.id].seq
+            );
+        }
+        assert_eq!(
+            core.recount(),
+            core.counters(),
+            "{ctx}: counters after restore"
+        );
+        assert_eq!(
+            core.last_sequence(),
+            last_sequence,
+            "{ctx}: the sequence continues from the last durable one"
+        );
+        // The old process's runs, approvals and worker sessions are gone.
+        self.core = core;
+        let (events, lead_events) = watchers(&mut self.core);
+        (self.events, self.lead_events) = (events, lead_events);
+        self.approvals.clear();
+        self.workers.clear();
+        // So is every run: whatever starts from here on is a new run.
+        for m in self.agents.values_mut() {
+            m.started = false;
+        }
+        let interrupted = report.interrupted.clone();
+        let held = report.held_for_workers.clone();
+        self.core.recover_runs(&mut report);
+        self.core.reattach_grace_passed(&held);
+        let events = self.drain_events();
+        let ctx = &self.ctx;
+        for id in interrupted.iter().chain(&held) {
+            let view = self.core.view(*id).expect("known agent");
+            let code = view.error.as_ref().map(|e| e.code.to_string());
+            let retried = events.contains(&(*id, EventKind::Retrying));
+            let ok = match view.status {
+                AgentStatus::Failed if interrupted.contains(id) => {
+                    code.as_deref() == Some("SERVER_RESTARTED")
+                }
+                AgentStatus::Failed => code.as_deref() == Some("WORKER_LOST"),
+                // Ended by the cascade of an ancestor that failed first.
+                AgentStatus::Cancelled => true,
+                // The worker type retries once.
+                _ => retried && held.contains(id),
+            };
+            assert!(
+                ok,
+                "{ctx}: interrupted agent #{} ended as {view:?}",
+                self.agents[id].seq
+            );
+        }
     }
 
     fn spawn(
@@ -1553,6 +1661,21 @@ impl Harness {
     }
 }
 
+/// The full watch and one lead's routed watch.
+fn watchers(core: &mut Core) -> (Live, Live) {
+    let all = core.subscribe(&WatchQuery::default()).live;
+    let lead = core
+        .subscribe(&WatchQuery {
+            filter: AgentFilter {
+                lead_id: Some(LEADS[0].to_owned()),
+                ..AgentFilter::default()
+            },
+            ..WatchQuery::default()
+        })
+        .live;
+    (all, lead)
+}
+
 fn run_model(initial: LimitsPick, ops: &[Op], entry_changes: EntryChanges) {
     let mut h = Harness::new(initial, entry_changes);
     for (n, op) in ops.iter().enumerate() {
@@ -1723,4 +1846,109 @@ fn removing_a_provider_limit_by_reload_starts_agents_queued_behind_it() {
         AgentStatus::Running,
         "p1/b has its own bucket (limit 1, nothing running) after the reload"
     );
+}
+
+/// Issue 13, "What is durable": buffered steers, usage and total usage,
+/// idempotency keys and the watch history survive a restart; the
+/// interrupted run fails SERVER_RESTARTED and the queued agent then starts
+/// with its buffered steer.
+#[test]
+fn a_restart_keeps_steers_usage_keys_and_history_and_fails_the_interrupted_run() {
+    let limits = Limits {
+        default_concurrency: 1,
+        ..unlimited()
+    };
+    let mut core = core_with(limits.clone());
+    core.track_changes();
+    let store = MemoryStore::new();
+    let now = SystemTime::now();
+    let (parent, _) = core.spawn(root_spec(true), now).unwrap();
+    let child_spec = SpawnSpec {
+        parent_id: Some(parent.id),
+        idempotency_key: Some("child-1".to_owned()),
+        ..root_spec(true)
+    };
+    let (child, _) = core.spawn(child_spec.clone(), now).unwrap();
+    assert_eq!(child.status, AgentStatus::Queued, "the bucket holds one");
+    core.steer(child.id, "remember this".to_owned()).unwrap();
+    core.add_usage(
+        parent.id,
+        subagentd::scheduler::Usage {
+            input_tokens: 5,
+            output_tokens: 7,
+            tool_calls: 0,
+        },
+    );
+    let _ = core.take_starts();
+    let last_sequence = core.last_sequence();
+    let (changes, ticket) = core.take_changes();
+    assert!(ticket > 0);
+    let mut batch = Batch::default();
+    batch.add(&changes);
+    store.clone().commit(&batch).unwrap();
+
+    let recovered = store.clone().load().unwrap().decode().unwrap();
+    assert_eq!(
+        recovered.events.len(),
+        2,
+        "the STARTED and QUEUED events are kept"
+    );
+    let mut again = core_with(limits);
+    let mut report = again.restore(recovered, 16, 16).unwrap();
+    assert_eq!(report.interrupted, vec![parent.id]);
+    assert_eq!(again.view(parent.id).unwrap().usage.output_tokens, 7);
+    assert_eq!(again.view(parent.id).unwrap().total_usage.input_tokens, 5);
+    let (found, existing) = again.spawn(child_spec, now).unwrap();
+    assert!(
+        existing && found.id == child.id,
+        "the key returns the first agent"
+    );
+    assert_eq!(again.last_sequence(), last_sequence);
+
+    again.recover_runs(&mut report);
+    let parent_now = again.view(parent.id).unwrap();
+    assert_eq!(parent_now.status, AgentStatus::Failed);
+    assert_eq!(parent_now.error.unwrap().code.as_ref(), "SERVER_RESTARTED");
+    // The child was not detached: the parent's end cancels it.
+    assert_eq!(again.view(child.id).unwrap().status, AgentStatus::Cancelled);
+    assert!(again.last_sequence() > last_sequence);
+    let (changes, _) = again.take_changes();
+    let ids: HashSet<AgentId> = changes.agents.iter().map(|a| a.view.id).collect();
+    assert_eq!(
+        ids,
+        HashSet::from([parent.id, child.id]),
+        "decisions are tracked"
+    );
+}
+
+/// A queued root keeps its buffered steer across a restart and gets it when
+/// it starts.
+#[test]
+fn a_buffered_steer_reaches_the_run_that_starts_after_a_restart() {
+    let limits = Limits {
+        default_concurrency: 1,
+        ..unlimited()
+    };
+    let mut core = core_with(limits.clone());
+    core.track_changes();
+    let now = SystemTime::now();
+    let (first, _) = core.spawn(root_spec(true), now).unwrap();
+    let (second, _) = core.spawn(root_spec(true), now).unwrap();
+    core.steer(second.id, "go left".to_owned()).unwrap();
+    let (changes, _) = core.take_changes();
+    let mut batch = Batch::default();
+    batch.add(&changes);
+    let store = MemoryStore::new();
+    store.clone().commit(&batch).unwrap();
+
+    let mut again = core_with(limits);
+    let mut report = again
+        .restore(store.clone().load().unwrap().decode().unwrap(), 16, 16)
+        .unwrap();
+    again.recover_runs(&mut report);
+    assert_eq!(again.view(first.id).unwrap().status, AgentStatus::Failed);
+    let mut starts = again.take_starts();
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].agent.id, second.id);
+    assert_eq!(starts[0].steer.try_recv().as_deref(), Some("go left"));
 }

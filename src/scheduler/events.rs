@@ -33,7 +33,10 @@ use tokio::sync::{
     Notify,
 };
 
-use super::types::{AgentFilter, AgentId, AgentView};
+use super::{
+    durable::LogPosition,
+    types::{AgentFilter, AgentId, AgentView},
+};
 
 /// What happened to an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,8 +201,41 @@ impl EventLog {
         }
     }
 
-    /// Numbers, records and broadcasts one event.
-    pub fn publish(&mut self, kind: EventKind, agent: AgentView) {
+    /// A log that continues a store's: `events` are the retained history
+    /// (in sequence order), and numbering goes on after
+    /// `position.last_sequence`.
+    pub fn restored(
+        history: usize,
+        subscriber_buffer: usize,
+        events: Vec<Event>,
+        position: &LogPosition,
+    ) -> Self {
+        let mut log = Self::new(history, subscriber_buffer);
+        let skip = events.len().saturating_sub(log.capacity);
+        log.evicted_through = position.evicted_through;
+        for event in events.into_iter().skip(skip) {
+            log.history.push_back(Arc::new(event));
+        }
+        if skip > 0 || log.history.is_empty() {
+            // A smaller `[watch] history` than the store was written with
+            // evicts the oldest; replay starts after what is gone.
+            let first = log
+                .history
+                .front()
+                .map_or(position.last_sequence + 1, |e| e.sequence);
+            log.evicted_through = log.evicted_through.max(first - 1);
+        }
+        log.next = position.last_sequence + 1;
+        log
+    }
+
+    /// Highest sequence no longer retained (replay only after it).
+    pub fn evicted_through(&self) -> u64 {
+        self.evicted_through
+    }
+
+    /// Numbers, records and broadcasts one event; returns it.
+    pub fn publish(&mut self, kind: EventKind, agent: AgentView) -> Arc<Event> {
         let event = Arc::new(Event::new(self.take_sequence(), kind, agent));
         if self.history.len() == self.capacity {
             if let Some(old) = self.history.pop_front() {
@@ -214,7 +250,8 @@ impl EventLog {
         if self.tx_progress.receiver_count() > 0 {
             let _ = self.tx_progress.send(event.clone());
         }
-        let _ = self.tx.send(event);
+        let _ = self.tx.send(event.clone());
+        event
     }
 
     fn take_sequence(&mut self) -> u64 {

@@ -151,6 +151,14 @@ impl Stats {
         b.queued += 1;
     }
 
+    /// An agent of `bucket` read back from a store, in `status` (counted in
+    /// the gauges, not as spawned or finished: that happened before).
+    pub fn restored(&mut self, bucket: &BucketKey, status: AgentStatus) {
+        if let Some(n) = self.bucket(bucket).gauge(status) {
+            *n += 1;
+        }
+    }
+
     /// An agent of `bucket` moved from `from` to `to`.
     pub fn moved(&mut self, bucket: &BucketKey, from: AgentStatus, to: AgentStatus) {
         let b = self.bucket(bucket);

@@ -111,6 +111,8 @@ pub const CODE_CIRCUIT_BREAKER: &str = "CIRCUIT_BREAKER";
 pub const CODE_STALE: &str = "STALE";
 /// Error code of a run whose worker was lost.
 pub const CODE_WORKER_LOST: &str = "WORKER_LOST";
+/// Error code of an in-process run that a server restart interrupted.
+pub const CODE_SERVER_RESTARTED: &str = "SERVER_RESTARTED";
 
 /// A pending approval.
 #[derive(Debug, Clone, PartialEq, Eq)]

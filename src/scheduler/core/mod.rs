@@ -19,9 +19,12 @@ mod cancel;
 mod counters;
 mod lifecycle;
 mod reads;
+mod recovery;
 mod reports;
 mod retention;
+pub use self::recovery::{Inconsistent, RecoveryReport};
 mod steer;
+mod tracking;
 mod workers;
 
 use std::{
@@ -286,6 +289,9 @@ pub struct Core {
     /// Agents that ended since the last [`Core::take_ended`], for the
     /// lifecycle log line and the span export done outside the lock.
     ended: Vec<EndedRun>,
+    /// Changes the store has not been handed yet; None when nothing is
+    /// stored (`[store] backend = "memory"`).
+    unsaved: Option<Box<self::tracking::Unsaved>>,
 }
 
 impl Core {
@@ -326,6 +332,7 @@ impl Core {
             stats: Stats::default(),
             span_sink: None,
             ended: Vec::new(),
+            unsaved: None,
         }
     }
 

@@ -206,13 +206,21 @@ impl Core {
             || (after_sequence > 0 && !self.events.can_replay_after(after_sequence));
         // Built only when sent, and filtered on the record before a view is
         // made, since this runs under the scheduler lock.
-        let snapshot = needs_snapshot.then(|| {
+        let snapshot: Option<Vec<AgentView>> = needs_snapshot.then(|| {
             self.candidates(filter, 0)
                 .map(|(_, rec)| self.view_of(rec))
                 .collect()
         });
-        self.events
-            .subscribe(filter, after_sequence, snapshot, *include_progress)
+        let numbered = snapshot.as_ref().is_some_and(|s| !s.is_empty());
+        let subscription =
+            self.events
+                .subscribe(filter, after_sequence, snapshot, *include_progress);
+        if numbered {
+            // The snapshot drew sequence numbers: they must be durable before
+            // the subscriber sees them, or a restart could issue them again.
+            self.position_changed();
+        }
+        subscription
     }
 
     /// Ends a routed subscription (see [`EventLog::unsubscribe`]).
@@ -224,7 +232,8 @@ impl Core {
 
     pub(super) fn publish(&mut self, id: AgentId, kind: EventKind) {
         let view = self.view(id).expect("known agent");
-        self.events.publish(kind, view);
+        let event = self.events.publish(kind, view);
+        self.published(event);
     }
 }
 

@@ -27,6 +27,7 @@ impl Core {
             let view = rec.view.clone();
             self.events
                 .publish_progress(Progress::Output(chunk.into()), view);
+            self.position_changed();
         }
     }
 
@@ -74,6 +75,7 @@ impl Core {
                 },
                 view,
             );
+            self.position_changed();
         }
         let (max_total, max_identical) =
             (self.runs.max_tool_calls, self.runs.max_identical_tool_calls);
@@ -115,6 +117,7 @@ impl Core {
             };
             add_to(&mut rec.view.total_usage, usage);
             next = rec.view.parent_id;
+            self.changed(ancestor);
         }
     }
 

@@ -60,6 +60,7 @@ impl Core {
                 if let Some(k) = rec.idempotency_key {
                     self.idempotency.remove(&(rec.parent_key, k));
                 }
+                self.forgotten(id);
                 n += 1;
             }
         }

@@ -68,6 +68,7 @@ impl Core {
             }
             AgentStatus::Queued | AgentStatus::AwaitingApproval => {
                 rec.steer_buffer.push(message);
+                self.changed(id);
                 SteerDelivery::Buffered
             }
             status => {

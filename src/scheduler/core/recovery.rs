@@ -1,0 +1,290 @@
+//! Recovery: a core rebuilt from what a store kept, and the fate of the
+//! runs the previous process was executing.
+//!
+//! Rebuilding reads current rows, never history: each agent's record, its
+//! indexes and the slots its state holds, in admission order (so queued
+//! agents keep their FIFO places). Then the decisions — an in-process run
+//! that was live is gone with its process: queued again (`retry_on_restart`)
+//! or FAILED `SERVER_RESTARTED` — are ordinary transitions, tracked like
+//! any other, so they reach the store as one batch and watchers see them.
+
+use std::time::SystemTime;
+
+use super::{Core, Record};
+use crate::config::RunnerKind;
+use crate::scheduler::{
+    durable::{AgentState, Recovered},
+    events::EventLog,
+    queue::Dirty,
+    state::Held,
+    types::*,
+};
+
+/// What recovery found and decided, for the start-up log line.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Agents read back.
+    pub agents: usize,
+    /// Agents queued (again) in their original order.
+    pub queued: usize,
+    /// In-process runs queued again for another attempt.
+    pub retried: usize,
+    /// In-process runs failed with SERVER_RESTARTED.
+    pub failed: usize,
+    /// Worker runs kept for their workers to re-attach.
+    pub held_for_workers: Vec<AgentId>,
+    /// In-process runs that were live: [`Core::recover_runs`] decides.
+    pub interrupted: Vec<AgentId>,
+    /// Retained lifecycle events.
+    pub events: usize,
+}
+
+/// A store's contents contradict themselves (a bug, or a damaged store).
+#[derive(Debug, thiserror::Error)]
+#[error("the stored state is inconsistent: {0}")]
+pub struct Inconsistent(pub String);
+
+impl Core {
+    /// Loads `recovered` into this new, empty core (built with the current
+    /// config). Changes are tracked from here on, so the decisions of
+    /// [`Core::recover_runs`] reach the store like any other.
+    pub fn restore(
+        &mut self,
+        recovered: Recovered,
+        watch_history: usize,
+        subscriber_buffer: usize,
+    ) -> Result<RecoveryReport, Inconsistent> {
+        assert!(self.agents.is_empty(), "restore into an empty core");
+        let Recovered {
+            agents,
+            events,
+            position,
+        } = recovered;
+        let mut report = RecoveryReport {
+            agents: agents.len(),
+            events: events.len(),
+            ..RecoveryReport::default()
+        };
+        self.events = EventLog::restored(watch_history, subscriber_buffer, events, &position);
+        self.next_seq = position.next_admission.max(1);
+        let mut finished = Vec::new();
+        let mut interrupted = Vec::new();
+        for state in agents {
+            self.next_seq = self.next_seq.max(state.seq + 1);
+            let (id, status) = (state.view.id, state.view.status);
+            self.insert_restored(state)?;
+            match status {
+                AgentStatus::Queued => report.queued += 1,
+                AgentStatus::Running | AgentStatus::AwaitingApproval => {
+                    if self.agents[&id].runner == RunnerKind::Worker {
+                        report.held_for_workers.push(id);
+                    } else {
+                        interrupted.push(id);
+                    }
+                }
+                _ => {
+                    let at = self.agents[&id]
+                        .view
+                        .finished_at
+                        .unwrap_or(SystemTime::UNIX_EPOCH);
+                    finished.push((at, id));
+                }
+            }
+        }
+        finished.sort_unstable();
+        self.finished = finished.into();
+        let recount = self.recount();
+        if self.counters() != recount {
+            return Err(Inconsistent(format!(
+                "counters rebuilt from the rows ({:?}) differ from a recount ({recount:?})",
+                self.counters()
+            )));
+        }
+
+        report.interrupted = interrupted;
+        self.track_changes();
+        Ok(report)
+    }
+
+    /// Decides the fate of the in-process runs [`Core::restore`] found
+    /// live (`report.interrupted`): queued again while `retry_on_restart`
+    /// allows, else FAILED `SERVER_RESTARTED`; then starts what may start.
+    /// Separate from `restore` so watchers can subscribe in between.
+    pub fn recover_runs(&mut self, report: &mut RecoveryReport) {
+        let mut dirty = Dirty::default();
+        dirty.everything();
+        for &id in &report.interrupted {
+            // A parent's end may already have ended it (cascade).
+            let Some(rec) = self.agents.get(&id) else {
+                continue;
+            };
+            if rec.view.status.is_terminal() {
+                continue;
+            }
+            let retries = self
+                .agent_types
+                .get(&*rec.view.agent)
+                .map_or(0, |t| t.retry_on_restart);
+            if rec.view.attempt <= retries {
+                self.retry(id, &mut dirty);
+                report.retried += 1;
+            } else {
+                let attempt = rec.view.attempt;
+                let error = AgentError::new(
+                    CODE_SERVER_RESTARTED,
+                    format!(
+                        "the run (attempt {attempt}) was interrupted by a server restart; \
+                         it may have had side effects before it stopped"
+                    ),
+                );
+                self.finish(id, Err(error));
+                report.failed += 1;
+            }
+        }
+        self.drain(dirty);
+    }
+
+    /// Inserts one stored agent with its indexes and the slots its state
+    /// holds. Agents come in admission order, so a parent precedes its
+    /// children.
+    fn insert_restored(&mut self, state: AgentState) -> Result<(), Inconsistent> {
+        let AgentState {
+            mut view,
+            seq,
+            runner,
+            prompt,
+            timeout,
+            steer_buffer,
+            idempotency_key,
+            span_id,
+            sampled,
+        } = state;
+        let id = view.id;
+        if self.agents.contains_key(&id) || self.order.contains_key(&seq) {
+            return Err(Inconsistent(format!(
+                "agent {id} (admission {seq}) appears twice"
+            )));
+        }
+        view.agent = self.intern(&view.agent);
+        view.model = self.intern(&view.model);
+        // The bucket follows the current limits (they may have changed
+        // while the server was down), as a SIGHUP reload would move it.
+        let bucket = if view.status.is_terminal() {
+            self.intern(&view.bucket)
+        } else {
+            self.bucket_for(&view.model.clone())
+        };
+        view.bucket = bucket;
+        if status_is_queued_worker(&view, runner) {
+            // Approved and waiting for its slots while a worker held the
+            // run: that worker's session is gone, so it needs a new one.
+            view.worker_id = None;
+        }
+        let parent_key = match (view.parent_id, view.lead_id.as_ref()) {
+            (Some(p), _) => ParentKey::Agent(p),
+            (None, Some(lead)) => ParentKey::Lead(lead.clone()),
+            (None, None) => ParentKey::None,
+        };
+        let (status, background) = (view.status, view.background);
+        if let Some(pid) = view.parent_id {
+            if let Some(p) = self.agents.get_mut(&pid) {
+                p.children.push(id);
+            } else if !status.is_terminal() {
+                // A retained parent is kept at least as long as a live child.
+                return Err(Inconsistent(format!(
+                    "live agent {id} has no parent record ({pid})"
+                )));
+            }
+        }
+        if let Some(k) = &idempotency_key {
+            self.idempotency.insert((parent_key.clone(), k.clone()), id);
+        }
+        if !status.is_terminal() {
+            if let Some(lead) = &view.lead_id {
+                self.lead_live.entry(lead.clone()).or_default().insert(id);
+            }
+        }
+        if let Some(lead) = &view.lead_id {
+            self.by_lead.insert((lead.clone(), seq), id);
+        }
+        self.by_root.insert((view.root_id, seq), id);
+        self.order.insert(seq, id);
+        self.stats.restored(&view.bucket, status);
+        let record = Record {
+            view,
+            seq,
+            parent_key,
+            runner,
+            prompt,
+            timeout,
+            steer_buffer,
+            run: None,
+            children: Vec::new(),
+            idempotency_key,
+            span_id,
+            sampled,
+            span: None,
+        };
+        self.agents.insert(id, Box::new(record));
+        if !status.is_terminal() {
+            self.by_status.moved(seq, id, None, status);
+        }
+        self.acquire(id, Held::of(status, background));
+        if status == AgentStatus::Queued {
+            let rec = &self.agents[&id];
+            self.queue.push(seq, id, rec.sub_key());
+        }
+        Ok(())
+    }
+
+    /// The re-attach grace after a restart passed: each of `held` that no
+    /// worker re-attached follows the worker-lost rules (queued again per
+    /// `retry_on_worker_lost`, else FAILED `WORKER_LOST`). Returns how many
+    /// it ended or re-queued.
+    pub fn reattach_grace_passed(&mut self, held: &[AgentId]) -> usize {
+        let mut dirty = Dirty::default();
+        let mut n = 0;
+        for &id in held {
+            let Some(rec) = self.agents.get(&id) else {
+                continue;
+            };
+            let live = matches!(
+                rec.view.status,
+                AgentStatus::Running | AgentStatus::AwaitingApproval
+            );
+            // Re-attached (a session holds it now) or already ended.
+            if !live
+                || rec
+                    .view
+                    .worker_id
+                    .is_some_and(|w| self.workers.holds(w, id))
+            {
+                continue;
+            }
+            n += 1;
+            let retries = self
+                .agent_types
+                .get(&*rec.view.agent)
+                .map_or(0, |t| t.retry_on_worker_lost);
+            if rec.view.attempt <= retries {
+                self.retry(id, &mut dirty);
+            } else {
+                let error = AgentError::new(
+                    CODE_WORKER_LOST,
+                    format!(
+                        "no worker re-attached the run (attempt {}) within [runs] \
+                         worker_reattach_grace after a server restart",
+                        rec.view.attempt
+                    ),
+                );
+                self.finish(id, Err(error));
+            }
+        }
+        self.drain(dirty);
+        n
+    }
+}
+
+fn status_is_queued_worker(view: &AgentView, runner: RunnerKind) -> bool {
+    view.status == AgentStatus::Queued && runner == RunnerKind::Worker
+}
