@@ -12,6 +12,7 @@
 
 pub mod embedded;
 pub mod memory;
+pub mod postgres;
 mod rows;
 pub mod writer;
 
@@ -40,6 +41,15 @@ pub enum StoreError {
     Locked {
         /// The store's path.
         path: PathBuf,
+    },
+    /// Another subagentd server uses the database (it holds the database's
+    /// advisory lock).
+    #[error(
+        "the database {where_} is in use by another subagentd server (only one server may use it)"
+    )]
+    InUse {
+        /// The database's URL, its password redacted.
+        where_: String,
     },
     /// The store was written by a newer subagentd.
     #[error(

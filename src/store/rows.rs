@@ -174,6 +174,22 @@ pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
     })
 }
 
+/// Just the admission sequence of an `agents` row (protobuf skips the
+/// other fields without decoding them), for engines that keep it in a
+/// column of its own.
+#[derive(Clone, PartialEq, Message)]
+struct AgentSeqRow {
+    #[prost(uint64, tag = "2")]
+    seq: u64,
+}
+
+/// The admission sequence stored in an encoded `agents` row.
+pub(super) fn agent_seq(bytes: &[u8]) -> Result<u64, StoreError> {
+    AgentSeqRow::decode(bytes)
+        .map(|row| row.seq)
+        .map_err(|e| corrupt("agent row", e))
+}
+
 /// Encodes a lifecycle event as its `events` row.
 pub(super) fn encode_event(event: &Event) -> Vec<u8> {
     EventRow {
@@ -475,6 +491,12 @@ pub(crate) mod tests {
         bare.prompt = None;
         bare.idempotency_key = None;
         assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
+    }
+
+    #[test]
+    fn the_admission_sequence_reads_from_an_encoded_agent_row() {
+        assert_eq!(agent_seq(&encode_agent(&full_state(42))).unwrap(), 42);
+        assert!(matches!(agent_seq(b"\xff"), Err(StoreError::Corrupt(_))));
     }
 
     #[test]

@@ -1,0 +1,785 @@
+//! The PostgreSQL store: three tables in a database of the operator's.
+//!
+//! The engine moves the same encoded rows as the embedded one:
+//! `subagentd_agents` (id → row, plus its admission sequence so that a load
+//! comes back in admission order), `subagentd_events` (sequence → row) and
+//! `subagentd_meta` (the counters and the schema version). A commit is one
+//! transaction, a handful of pipelined statements whatever its size:
+//! multi-row writes go through `UNNEST` of array parameters, so a batch of
+//! a thousand agents is one statement, not a thousand round trips.
+//!
+//! One server per database: the store holds a session-level advisory lock
+//! for its lifetime, on a connection of its own that the pool never
+//! recycles. A second server finds it taken and refuses to start
+//! ([`StoreError::InUse`]). If that connection is lost, so is the lock:
+//! once the store sees it closed, it refuses to commit.
+
+use std::{fmt, future::Future, path::Path, str::FromStr, time::Duration};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::{try_join3, try_join_all};
+use tokio::runtime::Runtime;
+use tokio_postgres::{types::ToSql, IsolationLevel, NoTls, Statement};
+use uuid::Uuid;
+
+use super::{rows, Batch, Contents, Store, StoreError, SCHEMA_VERSION};
+use crate::{config::redact_url, scheduler::durable::LogPosition};
+
+/// How long connecting to the server may take when the URL does not say
+/// (`connect_timeout`): a server that is down fails the start, or the
+/// commit that needed a new connection, instead of hanging for minutes.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The advisory lock that makes one server per database. Any fixed number
+/// would do; this one is the FNV-1a hash of "subagentd", so it is unlikely
+/// to be a number another application in the same database locks.
+const LOCK_KEY: i64 = fnv1a(b"subagentd") as i64;
+
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
+// The keys of `subagentd_meta`, as in the embedded store's `meta` table.
+const SCHEMA: &str = "schema_version";
+const LAST_SEQUENCE: &str = "last_sequence";
+const EVICTED_THROUGH: &str = "evicted_through";
+const NEXT_ADMISSION: &str = "next_admission";
+
+const CREATE_TABLES: &str = "
+    CREATE TABLE IF NOT EXISTS subagentd_agents (
+        id uuid PRIMARY KEY,
+        seq bigint NOT NULL,
+        row bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS subagentd_events (
+        seq bigint PRIMARY KEY,
+        row bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS subagentd_meta (
+        key text PRIMARY KEY,
+        value bigint NOT NULL
+    );";
+
+/// Migrations from each older schema version to the next: entry `i`
+/// upgrades version `i + 1` to `i + 2`, as SQL run inside the transaction
+/// that records the new version. Empty while only version 1 exists.
+const MIGRATIONS: &[&str] = &[];
+
+const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
+const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
+const GET_SCHEMA: &str = "SELECT value FROM subagentd_meta WHERE key = $1";
+const PUT_META: &str = "INSERT INTO subagentd_meta (key, value) \
+     SELECT * FROM UNNEST($1::text[], $2::bigint[]) \
+     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value";
+
+// A server or database configured with `synchronous_commit = off` would
+// acknowledge a COMMIT before its WAL is flushed; the Store contract is
+// that `Ok` means durable, so each commit asks for the flush.
+const SYNCHRONOUS_COMMIT: &str = "SET LOCAL synchronous_commit TO on";
+const UPSERT_AGENTS: &str = "INSERT INTO subagentd_agents (id, seq, row) \
+     SELECT * FROM UNNEST($1::uuid[], $2::bigint[], $3::bytea[]) \
+     ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, row = EXCLUDED.row";
+const DELETE_AGENTS: &str = "DELETE FROM subagentd_agents WHERE id = ANY($1::uuid[])";
+const INSERT_EVENTS: &str = "INSERT INTO subagentd_events (seq, row) \
+     SELECT * FROM UNNEST($1::bigint[], $2::bytea[]) \
+     ON CONFLICT (seq) DO UPDATE SET row = EXCLUDED.row";
+const EVICT_EVENTS: &str = "DELETE FROM subagentd_events WHERE seq <= $1";
+
+const LOAD_AGENTS: &str = "SELECT row FROM subagentd_agents ORDER BY seq";
+const LOAD_EVENTS: &str = "SELECT seq, row FROM subagentd_events ORDER BY seq";
+const LOAD_META: &str = "SELECT key, value FROM subagentd_meta";
+
+/// An open PostgreSQL store; holds the database's advisory lock until
+/// dropped.
+///
+/// The [`Store`] trait is blocking: its one caller is the store's writer
+/// thread (and recovery before it starts), never an async task. The
+/// client is async, so the store owns a small current-thread runtime and
+/// blocks on it for each call; the connection tasks run on that runtime,
+/// only while a call is in progress, which is also the only time they have
+/// work. It keeps the database's I/O off the server's runtime, where a
+/// blocking caller would stall other tasks, and needs no handle to it.
+/// Every method blocks: call them from a plain thread, not from inside an
+/// async context (where `block_on` panics).
+pub struct PostgresStore {
+    /// Present until dropped (see `Drop`).
+    runtime: Option<Runtime>,
+    pool: Pool,
+    /// The connection holding the advisory lock, outside the pool.
+    lock: tokio_postgres::Client,
+    /// The URL, its password redacted.
+    where_: String,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("where_", &self.where_)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Opens the store in the database at `url` (`postgres://user@host:port/db`,
+    /// or a libpq key=value string), creating its tables if missing,
+    /// migrating an older schema and refusing a newer one.
+    ///
+    /// `password_file`, when set, holds the password (one trailing newline
+    /// is trimmed); it overrides a password in `url`. `pool_size` (at
+    /// least one) is how many pooled connections loads and commits use,
+    /// besides the one that holds the lock. Connecting gives up after
+    /// [`DEFAULT_CONNECT_TIMEOUT`] unless the URL sets `connect_timeout`.
+    ///
+    /// Errors: [`StoreError::InUse`] when another server holds the
+    /// database, [`StoreError::NewerSchema`], or [`StoreError::Engine`]
+    /// (a bad URL, an unreadable password file, the server unreachable or
+    /// refusing). No error contains the password.
+    pub fn open(
+        url: &str,
+        password_file: Option<&Path>,
+        pool_size: u32,
+    ) -> Result<Self, StoreError> {
+        let where_ = redacted(url);
+        let config = config_of(url, password_file)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Engine(format!("cannot start the postgres client: {e}")))?;
+        let lock = runtime.block_on(async {
+            let (client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
+            tokio::spawn(connection);
+            let row = client
+                .query_one(TRY_LOCK, &[&LOCK_KEY])
+                .await
+                .or_engine(&where_)?;
+            match row.try_get::<_, bool>(0) {
+                Ok(true) => Ok(client),
+                Ok(false) => Err(StoreError::InUse {
+                    where_: where_.clone(),
+                }),
+                Err(e) => Err(engine(&where_, e)),
+            }
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            // A pooled connection the server or a proxy closed while idle
+            // looks open until its task runs, and the connection tasks
+            // only run while a call blocks on the runtime. An empty query
+            // before each use (one round trip) finds such a connection
+            // dead, and the pool opens a fresh one; otherwise the next
+            // commit would fail, and a failed commit stops the store.
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Verified,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(usize::try_from(pool_size.max(1)).unwrap_or(usize::MAX))
+            .build()
+            .or_engine(&where_)?;
+        let store = Self {
+            runtime: Some(runtime),
+            pool,
+            lock,
+            where_,
+        };
+        store.prepare()?;
+        Ok(store)
+    }
+
+    /// Creates the tables and records the schema version of a new store;
+    /// migrates an older one; refuses a newer one. One transaction.
+    fn prepare(&self) -> Result<(), StoreError> {
+        let w = self.where_.as_str();
+        self.block_on(async {
+            let mut client = self.pool.get().await.or_engine(w)?;
+            let tx = client.transaction().await.or_engine(w)?;
+            tx.batch_execute(CREATE_TABLES).await.or_engine(w)?;
+            let found = tx.query_opt(GET_SCHEMA, &[&SCHEMA]).await.or_engine(w)?;
+            if let Some(row) = found {
+                let found = row.try_get::<_, i64>(0).or_engine(w)?;
+                let found = u32::try_from(found).unwrap_or(u32::MAX);
+                if found > SCHEMA_VERSION {
+                    return Err(StoreError::NewerSchema {
+                        where_: self.where_.clone(),
+                        found,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                for migrate in MIGRATIONS.iter().skip((found.max(1) - 1) as usize) {
+                    tx.batch_execute(migrate).await.or_engine(w)?;
+                }
+            }
+            let (keys, values): (&[&str], &[i64]) = (&[SCHEMA], &[i64::from(SCHEMA_VERSION)]);
+            tx.execute(PUT_META, &[&keys, &values]).await.or_engine(w)?;
+            tx.commit().await.or_engine(w)
+        })
+    }
+
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives until the store is dropped")
+            .block_on(future)
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Inside an async context, where blocking panics: closing the
+            // connection releases the lock once the server notices.
+            runtime.shutdown_background();
+            return;
+        }
+        // Unlock explicitly rather than by closing the connection, so that
+        // a successor opening the database right after (a restart, a test)
+        // finds the lock free instead of racing the server's cleanup.
+        let _ = runtime.block_on(self.lock.execute(UNLOCK, &[&LOCK_KEY]));
+    }
+}
+
+impl Store for PostgresStore {
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+        if self.lock.is_closed() {
+            return Err(StoreError::Engine(format!(
+                "postgres store {}: lost the connection that holds the database's lock, \
+                 so another server may be using it: not committing",
+                self.where_
+            )));
+        }
+        let mut ids: Vec<Uuid> = Vec::with_capacity(batch.agents.len());
+        let mut seqs: Vec<i64> = Vec::with_capacity(batch.agents.len());
+        let mut agent_rows: Vec<&[u8]> = Vec::with_capacity(batch.agents.len());
+        let mut removed: Vec<Uuid> = Vec::new();
+        for (id, row) in &batch.agents {
+            match row {
+                Some(row) => {
+                    ids.push(*id);
+                    seqs.push(to_i64(rows::agent_seq(row)?, "an admission sequence")?);
+                    agent_rows.push(row);
+                }
+                None => removed.push(*id),
+            }
+        }
+        let event_seqs = batch
+            .events
+            .iter()
+            .map(|(seq, _)| to_i64(*seq, "an event sequence"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let event_rows: Vec<&[u8]> = batch.events.iter().map(|(_, row)| &row[..]).collect();
+        let p = batch.position;
+        let evicted_through = to_i64(p.evicted_through, "evicted_through")?;
+        let keys: &[&str] = &[LAST_SEQUENCE, EVICTED_THROUGH, NEXT_ADMISSION];
+        let values: &[i64] = &[
+            to_i64(p.last_sequence, "last_sequence")?,
+            evicted_through,
+            to_i64(p.next_admission, "next_admission")?,
+        ];
+
+        let w = self.where_.as_str();
+        self.block_on(async {
+            let mut client = self.pool.get().await.or_engine(w)?;
+            let tx = client.transaction().await.or_engine(w)?;
+            // Prepared once per pooled connection, then cached.
+            let mut prepared = Vec::with_capacity(6);
+            for sql in [
+                SYNCHRONOUS_COMMIT,
+                UPSERT_AGENTS,
+                DELETE_AGENTS,
+                INSERT_EVENTS,
+                EVICT_EVENTS,
+                PUT_META,
+            ] {
+                prepared.push(tx.prepare_cached(sql).await.or_engine(w)?);
+            }
+            let params: [&[&(dyn ToSql + Sync)]; 6] = [
+                &[],
+                &[&ids, &seqs, &agent_rows],
+                &[&removed],
+                &[&event_seqs, &event_rows],
+                &[&evicted_through],
+                &[&keys, &values],
+            ];
+            // In this order, as in the embedded store: events of this
+            // batch up to `evicted_through` are deleted too. Pipelined:
+            // all are sent before the first answer is awaited, and the
+            // server runs them in order; if one fails, the rest fail and
+            // dropping the transaction rolls it back.
+            try_join_all(
+                prepared
+                    .iter()
+                    .zip(params)
+                    .map(|(statement, params)| tx.execute(statement, params)),
+            )
+            .await
+            .or_engine(w)?;
+            // Returns once the server has flushed the commit to its WAL. A
+            // connection lost now leaves the outcome unknown: an Engine
+            // error, never retried.
+            tx.commit().await.or_engine(w)
+        })
+    }
+
+    fn load(&mut self) -> Result<Contents, StoreError> {
+        let w = self.where_.as_str();
+        self.block_on(async {
+            let mut client = self.pool.get().await.or_engine(w)?;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .or_engine(w)?;
+            let statements: [Statement; 3] = [
+                tx.prepare_cached(LOAD_AGENTS).await.or_engine(w)?,
+                tx.prepare_cached(LOAD_EVENTS).await.or_engine(w)?,
+                tx.prepare_cached(LOAD_META).await.or_engine(w)?,
+            ];
+            let (agents, events, meta) = try_join3(
+                tx.query(&statements[0], &[]),
+                tx.query(&statements[1], &[]),
+                tx.query(&statements[2], &[]),
+            )
+            .await
+            .or_engine(w)?;
+            tx.commit().await.or_engine(w)?;
+
+            let agents = agents
+                .iter()
+                .map(|row| row.try_get::<_, Vec<u8>>(0).map_err(corrupt))
+                .collect::<Result<Vec<_>, _>>()?;
+            let events = events
+                .iter()
+                .map(|row| {
+                    let seq = row.try_get::<_, i64>(0).map_err(corrupt)?;
+                    Ok((
+                        from_i64(seq, "an event sequence")?,
+                        row.try_get(1).map_err(corrupt)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let mut position = LogPosition::default();
+            for row in &meta {
+                let key = row.try_get::<_, &str>(0).map_err(corrupt)?;
+                let value = from_i64(row.try_get(1).map_err(corrupt)?, key)?;
+                match key {
+                    LAST_SEQUENCE => position.last_sequence = value,
+                    EVICTED_THROUGH => position.evicted_through = value,
+                    NEXT_ADMISSION => position.next_admission = value,
+                    _ => {}
+                }
+            }
+            Ok(Contents {
+                agents,
+                events,
+                position,
+            })
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("postgres store {}", self.where_)
+    }
+}
+
+/// The client configuration of `url`, with the password from
+/// `password_file` (its one trailing newline trimmed) if set, and the
+/// defaults subagentd adds: [`DEFAULT_CONNECT_TIMEOUT`] and the
+/// application name `subagentd`, unless the URL sets them.
+fn config_of(
+    url: &str,
+    password_file: Option<&Path>,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        StoreError::Engine(format!(
+            "{} is not a valid PostgreSQL connection URL: {}",
+            redacted(url),
+            chain(&e)
+        ))
+    })?;
+    if let Some(path) = password_file {
+        let bytes = std::fs::read(path).map_err(|e| {
+            StoreError::Engine(format!(
+                "cannot read the password file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let password = bytes
+            .strip_suffix(b"\r\n")
+            .or_else(|| bytes.strip_suffix(b"\n"))
+            .unwrap_or(&bytes);
+        config.password(password);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("subagentd");
+    }
+    Ok(config)
+}
+
+/// `url` fit for a message: [`redact_url`] hides a password in the
+/// userinfo. This also hides the query, which may hold
+/// `?password=…`, and a password holding a `/` (which `redact_url` would
+/// take for the start of the path), and does not show a key=value
+/// connection string at all.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(a key=value connection string, not shown)".to_owned();
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, _)) => (rest, "?***"),
+        None => (rest, ""),
+    };
+    let shown = match rest.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            redact_url(&format!("{scheme}://{user}:password@{host}"))
+        }
+        _ => redact_url(&format!("{scheme}://{rest}")),
+    };
+    format!("{shown}{query}")
+}
+
+fn engine(where_: &str, e: impl std::error::Error) -> StoreError {
+    StoreError::Engine(format!("postgres store {where_}: {}", chain(&e)))
+}
+
+/// `.or_engine(where_)`: any error of the client or the pool as
+/// [`StoreError::Engine`], naming the (redacted) URL.
+trait OrEngine<T> {
+    fn or_engine(self, where_: &str) -> Result<T, StoreError>;
+}
+
+impl<T, E: std::error::Error> OrEngine<T> for Result<T, E> {
+    fn or_engine(self, where_: &str) -> Result<T, StoreError> {
+        self.map_err(|e| engine(where_, e))
+    }
+}
+
+fn corrupt(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Corrupt(format!("postgres store: {}", chain(&e)))
+}
+
+/// `e` and its sources: tokio-postgres says only "db error" or "invalid
+/// configuration" itself and keeps what the server or the parser said in
+/// the source.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // The pool's error repeats its cause in its own message.
+        if !text.ends_with(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn to_i64(value: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(value)
+        .map_err(|_| StoreError::Engine(format!("{what} {value} does not fit a bigint column")))
+}
+
+fn from_i64(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{what} is negative ({value})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::{
+        scheduler::durable::{AgentState, ChangeSet},
+        store::{memory::tests::conformance, rows::tests::full_state},
+    };
+
+    /// The server the tests create their databases in.
+    const SERVER_ENV: &str = "SUBAGENTD_TEST_POSTGRES";
+
+    /// A fresh database on the test server, dropped with this.
+    struct TestDb {
+        server: String,
+        name: String,
+        url: String,
+    }
+
+    impl TestDb {
+        /// None (after saying so) when no test server is configured.
+        fn create() -> Option<Self> {
+            let Ok(server) = std::env::var(SERVER_ENV) else {
+                eprintln!(
+                    "skipped: {SERVER_ENV} is not set (`eval \"$(.ci/postgres.sh start)\"` sets it)"
+                );
+                return None;
+            };
+            let name = format!("test_{}", Uuid::new_v4().simple());
+            admin(&server, &format!("CREATE DATABASE {name}")).unwrap();
+            let url = url_of(&server, None, &name);
+            Some(Self { server, name, url })
+        }
+    }
+
+    impl Drop for TestDb {
+        fn drop(&mut self) {
+            let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+            if let Err(e) = admin(&self.server, &sql) {
+                eprintln!("could not drop the test database {}: {e}", self.name);
+            }
+        }
+    }
+
+    /// `server`'s URL with another password and database.
+    fn url_of(server: &str, password: Option<&str>, dbname: &str) -> String {
+        let (scheme, rest) = server.split_once("://").unwrap();
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let (user, host) = authority.rsplit_once('@').unwrap();
+        let user = user.split_once(':').map_or(user, |(user, _)| user);
+        match password {
+            Some(password) => format!("{scheme}://{user}:{password}@{host}/{dbname}"),
+            None => format!("{scheme}://{user}@{host}/{dbname}"),
+        }
+    }
+
+    /// Runs `sql` on its own connection to `url`.
+    fn admin(url: &str, sql: &str) -> Result<(), tokio_postgres::Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+            let connection = tokio::spawn(connection);
+            client.batch_execute(sql).await?;
+            drop(client);
+            let _ = connection.await;
+            Ok(())
+        })
+    }
+
+    fn open(url: &str) -> Result<PostgresStore, StoreError> {
+        PostgresStore::open(url, None, 2)
+    }
+
+    #[test]
+    fn the_postgres_store_keeps_what_each_commit_wrote() {
+        let Some(db) = TestDb::create() else { return };
+        conformance(|| Box::new(open(&db.url).unwrap()));
+    }
+
+    #[test]
+    fn a_thousand_agents_commit_and_load_back_in_admission_order() {
+        let Some(db) = TestDb::create() else { return };
+        let states: Vec<_> = (1..=1000).rev().map(full_state).collect();
+        let mut batch = Batch::default();
+        batch.add(&ChangeSet {
+            agents: states.clone(),
+            ..Default::default()
+        });
+        open(&db.url).unwrap().commit(&batch).unwrap();
+        let got = open(&db.url).unwrap().load().unwrap();
+        let seqs: Vec<u64> = got
+            .agents
+            .iter()
+            .map(|row| rows::agent_seq(row).unwrap())
+            .collect();
+        assert_eq!(seqs, (1..=1000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_pooled_connection_the_server_closed_is_replaced_before_a_commit_uses_it() {
+        let Some(db) = TestDb::create() else { return };
+        let mut store = open(&db.url).unwrap();
+        let (a, b) = (full_state(1), full_state(2));
+        let commit = |store: &mut PostgresStore, state: &AgentState| {
+            let mut batch = Batch::default();
+            batch.add(&ChangeSet {
+                agents: vec![state.clone()],
+                ..Default::default()
+            });
+            store.commit(&batch)
+        };
+        commit(&mut store, &a).unwrap();
+        let lock_pid: i32 = store
+            .block_on(store.lock.query_one("SELECT pg_backend_pid()", &[]))
+            .unwrap()
+            .get(0);
+        // Every connection of the pool, as an idle timeout or a restarted
+        // proxy would; waiting (up to 5 s) until each is gone.
+        admin(
+            &db.url,
+            &format!(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid NOT IN (pg_backend_pid(), {lock_pid})"
+            ),
+        )
+        .unwrap();
+        commit(&mut store, &b).unwrap();
+        let got = store.load().unwrap().decode().unwrap();
+        assert_eq!(got.agents, vec![a, b]);
+    }
+
+    #[test]
+    fn a_second_open_of_the_same_database_fails_naming_it_until_the_first_is_dropped() {
+        let Some(db) = TestDb::create() else { return };
+        // `-A trust` ignores the password; it is there to be redacted.
+        let url = url_of(
+            &std::env::var(SERVER_ENV).unwrap(),
+            Some("hunter2"),
+            &db.name,
+        );
+        let first = open(&url).unwrap();
+        assert!(
+            !first.describe().contains("hunter2"),
+            "{}",
+            first.describe()
+        );
+        let err = open(&url).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::InUse { .. }), "{err:?}");
+        assert!(msg.contains(&redact_url(&url)), "{msg}");
+        assert!(msg.contains(":***@") && !msg.contains("hunter2"), "{msg}");
+        drop(first);
+        open(&url).unwrap();
+    }
+
+    #[test]
+    fn a_database_of_a_newer_schema_is_refused_naming_both_versions() {
+        let Some(db) = TestDb::create() else { return };
+        drop(open(&db.url).unwrap());
+        let newer = SCHEMA_VERSION + 1;
+        admin(
+            &db.url,
+            &format!("UPDATE subagentd_meta SET value = {newer} WHERE key = '{SCHEMA}'"),
+        )
+        .unwrap();
+        let err = open(&db.url).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, StoreError::NewerSchema { found, supported, .. }
+                if found == newer && supported == SCHEMA_VERSION),
+            "{msg}"
+        );
+        assert!(msg.contains(&db.url), "{msg}");
+        assert!(msg.contains(&format!("schema version {newer}")), "{msg}");
+        assert!(
+            msg.contains(&format!("this subagentd's {SCHEMA_VERSION}")),
+            "{msg}"
+        );
+        // The refused open changed nothing.
+        let err = open(&db.url).unwrap_err();
+        assert!(matches!(err, StoreError::NewerSchema { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_new_database_records_the_current_schema_version() {
+        let Some(db) = TestDb::create() else { return };
+        let store = open(&db.url).unwrap();
+        let version = store.block_on(async {
+            let client = store.pool.get().await.unwrap();
+            let row = client.query_one(GET_SCHEMA, &[&SCHEMA]).await.unwrap();
+            row.get::<_, i64>(0)
+        });
+        assert_eq!(version, i64::from(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn the_password_file_overrides_the_url_without_its_trailing_newline() {
+        let url = "postgres://subagentd:in-the-url@127.0.0.1:55432/db";
+        for (content, password) in [
+            (&b"s3cret\n"[..], &b"s3cret"[..]),
+            (b"s3cret\r\n", b"s3cret"),
+            (b"s3cret", b"s3cret"),
+            (b"two\n\n", b"two\n"),
+        ] {
+            let mut file = tempfile::NamedTempFile::new().unwrap();
+            file.write_all(content).unwrap();
+            let config = config_of(url, Some(file.path())).unwrap();
+            assert_eq!(config.get_password(), Some(password));
+        }
+        let config = config_of(url, None).unwrap();
+        assert_eq!(config.get_password(), Some(&b"in-the-url"[..]));
+        assert_eq!(config.get_connect_timeout(), Some(&DEFAULT_CONNECT_TIMEOUT));
+    }
+
+    #[test]
+    fn a_missing_password_file_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent");
+        let err = config_of("postgres://u@h/db", Some(&path)).unwrap_err();
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_url_is_an_error_that_does_not_show_the_password() {
+        for url in [
+            "postgres://subagentd:hunter2@127.0.0.1:notaport/db",
+            "postgres://subagentd:hun/ter2@127.0.0.1:notaport/db",
+            "postgres://subagentd@127.0.0.1/db?password=hunter2&no_such_option=1",
+            "host=127.0.0.1 password=hunter2 no_such_option=1",
+        ] {
+            let err = config_of(url, None).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, StoreError::Engine(_)), "{err:?}");
+            assert!(
+                msg.contains("not a valid PostgreSQL connection URL"),
+                "{msg}"
+            );
+            assert!(!msg.contains("hunter2") && !msg.contains("ter2"), "{msg}");
+            assert!(
+                msg.contains("port") || msg.contains("no_such_option"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_url_is_shown_as_redact_url_shows_it_and_never_with_its_password() {
+        for url in [
+            "postgres://subagentd@127.0.0.1:55432/db",
+            "postgres://subagentd:hunter2@127.0.0.1:55432/db",
+            "postgresql://u:p@[::1]:5432/db",
+        ] {
+            assert_eq!(redacted(url), redact_url(url));
+        }
+        assert_eq!(
+            redacted("postgres://u:hun/ter2@h:1/db"),
+            "postgres://u:***@h:1/db"
+        );
+        assert_eq!(
+            redacted("postgres://u@h/db?password=x"),
+            "postgres://u@h/db?***"
+        );
+        assert_eq!(
+            redacted("host=h password=x"),
+            "(a key=value connection string, not shown)"
+        );
+    }
+
+    #[test]
+    fn the_lock_key_is_the_fnv1a_hash_of_subagentd() {
+        // Pinned: servers of different versions must agree on it.
+        assert_eq!(LOCK_KEY, 0x7a3c_805f_7f6d_c996);
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
