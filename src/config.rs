@@ -440,7 +440,15 @@ pub struct RunsConfig {
     /// "0s" = off.
     #[serde(with = "humantime_serde")]
     pub stale_timeout: Duration,
+    /// After a restart on a durable store: how long a worker run stays held
+    /// for its worker to re-attach before the worker-lost rules apply.
+    /// Default 60 s, counted from the moment the server serves again.
+    #[serde(with = "humantime_serde")]
+    pub worker_reattach_grace: Duration,
 }
+
+/// Default `[runs] worker_reattach_grace`.
+pub const DEFAULT_WORKER_REATTACH_GRACE: Duration = Duration::from_secs(60);
 
 /// Default `[runs] max_tool_calls`.
 pub const DEFAULT_MAX_TOOL_CALLS: u64 = 4000;
@@ -764,6 +772,7 @@ impl Default for RunsConfig {
             max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
             max_identical_tool_calls: DEFAULT_MAX_IDENTICAL_TOOL_CALLS,
             stale_timeout: DEFAULT_STALE_TIMEOUT,
+            worker_reattach_grace: DEFAULT_WORKER_REATTACH_GRACE,
         }
     }
 }

@@ -9,8 +9,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
 
+use tonic::service::interceptor::InterceptedService;
+
 use crate::{
     api::deadline::DeadlineLayer,
+    api::gate::RecoveryGate,
     api::{
         ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
         workers::WorkerServiceImpl,
@@ -21,6 +24,11 @@ use crate::{
         self, agent_service_server::AgentServiceServer, worker_service_server::WorkerServiceServer,
     },
     scheduler::Scheduler,
+    store::{
+        self,
+        writer::{CommitStats, Writer},
+        StoreError,
+    },
     telemetry::{self, metrics::Metrics, rpc::RpcLayer},
 };
 
@@ -42,6 +50,10 @@ pub struct ServerHandle {
     shutdown_grace: Duration,
     tasks: Vec<JoinHandle<()>>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The store's writer (None with `backend = "memory"`).
+    writer: Option<Writer>,
+    /// Cancelled when a commit failed: the server must stop.
+    store_failed: CancellationToken,
 }
 
 impl ServerHandle {
@@ -58,6 +70,41 @@ impl ServerHandle {
     /// The scheduler behind the API.
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
+    }
+
+    /// Resolves when the store failed a commit; the server must then stop
+    /// ([`ServerHandle::abort`]) and exit non-zero.
+    pub async fn store_failed(&self) {
+        self.store_failed.cancelled().await;
+    }
+
+    /// Commit counts of the store's writer, if there is a store.
+    pub fn commit_stats(&self) -> Option<std::sync::Arc<CommitStats>> {
+        self.writer.as_ref().map(Writer::stats)
+    }
+
+    /// Stops at once after a store failure: NOT_SERVING, streams end, no
+    /// drain (the callers waiting on the failed commit have their answer).
+    pub async fn abort(self) {
+        self.set_not_serving().await;
+        self.shutdown.cancel();
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.scheduler.detach_runs();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
+    }
+
+    async fn set_not_serving(&self) {
+        self.health
+            .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
+            .await;
+        self.health
+            .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
+            .await;
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
     }
 
     /// Re-reads the config from its source and applies limits, run settings
@@ -83,16 +130,13 @@ impl ServerHandle {
     /// agents get `[server] shutdown_grace` to finish; then what is still
     /// live is cancelled (so Await callers and watchers see a terminal
     /// state), watch streams end, and the server closes.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.health
-            .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
-            .await;
-        self.health
-            .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
-            .await;
-        self.health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+    ///
+    /// With a durable store nothing live is cancelled: the writer commits
+    /// what is pending and stops, then in-process runs are stopped without
+    /// a record, so the next start finds them interrupted; queued agents
+    /// stay queued and worker runs stay held for re-attach.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.set_not_serving().await;
         // Queued agents stay queued (a run started now would be cut short);
         // every other RPC keeps working, so callers can await the drain.
         self.scheduler.stop_admitting();
@@ -105,8 +149,16 @@ impl ServerHandle {
             );
             self.scheduler.wait_for_runs(self.shutdown_grace).await;
         }
-        let cancelled = self.scheduler.shut_down("server shutting down");
-        info!(cancelled, "shutting down");
+        if let Some(writer) = self.writer.take() {
+            tokio::task::spawn_blocking(move || writer.stop())
+                .await
+                .context("stopping the store writer")?;
+            let stopped = self.scheduler.detach_runs();
+            info!(stopped, "shutting down; live agents stay in the store");
+        } else {
+            let cancelled = self.scheduler.shut_down("server shutting down");
+            info!(cancelled, "shutting down");
+        }
         self.shutdown.cancel();
         for task in &self.tasks {
             task.abort();
@@ -147,12 +199,17 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
+    // NOT_SERVING (and RECOVERING answers) until the store is read.
     health
-        .set_serving::<AgentServiceServer<AgentServiceImpl>>()
+        .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
         .await;
     health
-        .set_serving::<WorkerServiceServer<WorkerServiceImpl>>()
+        .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
         .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let gate = RecoveryGate::closed();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -211,8 +268,14 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 ))
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
-                .add_service(AgentServiceRouter::new(service))
-                .add_service(WorkerServiceServer::new(workers))
+                .add_service(InterceptedService::new(
+                    AgentServiceRouter::new(service),
+                    gate.clone(),
+                ))
+                .add_service(InterceptedService::new(
+                    WorkerServiceServer::new(workers),
+                    gate.clone(),
+                ))
                 .serve_with_incoming_shutdown(
                     // Without TCP_NODELAY small responses wait for the peer's
                     // delayed ACK (Nagle): ~40 ms per call at low concurrency.
@@ -221,6 +284,18 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 ),
         )
     };
+    let store_failed = CancellationToken::new();
+    let writer = recover(&config, &scheduler, store_failed.clone()).await?;
+    gate.open();
+    health
+        .set_serving::<AgentServiceServer<AgentServiceImpl>>()
+        .await;
+    health
+        .set_serving::<WorkerServiceServer<WorkerServiceImpl>>()
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
     info!(
         %addr,
         metrics = metrics_addr.map(tracing::field::display),
@@ -237,7 +312,56 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         shutdown_grace,
         tasks,
         server,
+        writer,
+        store_failed,
     })
+}
+
+/// Opens the configured store, rebuilds the scheduler from it, starts the
+/// writer and decides the interrupted runs. None with `backend = "memory"`.
+async fn recover(
+    config: &Config,
+    scheduler: &Scheduler,
+    store_failed: CancellationToken,
+) -> anyhow::Result<Option<Writer>> {
+    let store_config = config.store.clone();
+    let started = std::time::Instant::now();
+    let opened = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let Some(mut store) = store::open(&store_config)? else {
+            return Ok(None);
+        };
+        let contents = store.load()?;
+        Ok(Some((store, contents.decode()?)))
+    })
+    .await
+    .context("opening the store")??;
+    let Some((store, recovered)) = opened else {
+        warn!("[store] backend = \"memory\": nothing is kept; a restart loses every agent");
+        return Ok(None);
+    };
+    let described = store.describe();
+    let mut report = scheduler
+        .restore(recovered, &config.watch)
+        .with_context(|| format!("recovering from the {described}"))?;
+    let writer = Writer::start(store, scheduler.change_source(), move |e| {
+        error!(error = %e, "the store failed; stopping");
+        store_failed.cancel();
+    })
+    .context("starting the store writer")?;
+    scheduler.attach_durability(writer.durability());
+    scheduler.recover_runs(&mut report, config.runs.worker_reattach_grace);
+    info!(
+        store = %described,
+        agents = report.agents,
+        queued = report.queued,
+        failed = report.failed,
+        retried = report.retried,
+        held_for_workers = report.held_for_workers.len(),
+        events = report.events,
+        took_ms = started.elapsed().as_millis() as u64,
+        "store opened and state recovered"
+    );
+    Ok(Some(writer))
 }
 
 /// `subagentd serve`: load the config, run until SIGTERM/SIGINT, reload on
@@ -255,7 +379,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry = telemetry::init(&config.telemetry)?;
     let mut signals = Signals::new()?;
     let handle = start(config, source).await?;
-    signals.wait_for_stop(&handle).await;
+    tokio::select! {
+        () = signals.wait_for_stop(&handle) => {}
+        () = handle.store_failed() => {
+            handle.abort().await;
+            anyhow::bail!("the store failed a commit (see the log); exiting so that a restart recovers what was written");
+        }
+    }
     let stopped = tokio::select! {
         stopped = handle.shutdown() => stopped,
         signal = signals.stop() => {

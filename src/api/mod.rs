@@ -5,6 +5,7 @@
 pub mod convert;
 pub mod deadline;
 pub mod ending;
+pub mod gate;
 pub mod service;
 pub mod status;
 pub mod watch_route;

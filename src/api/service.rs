@@ -14,7 +14,10 @@ use super::{
     status::{reason_of, watch_lagged},
 };
 use crate::pb::{self, agent_service_server::AgentService};
-use crate::scheduler::{trace::SpawnTrace, AgentFilter, Event, Received, Scheduler, WatchLive};
+use crate::scheduler::{
+    trace::SpawnTrace, AgentFilter, Error, Event, Received, Scheduler, WatchLive,
+};
+use crate::store::writer::Durability;
 use crate::telemetry::metrics::ApiMetrics;
 
 /// The gRPC service over a [`Scheduler`].
@@ -57,6 +60,8 @@ impl AgentServiceImpl {
         let q = convert::parse_watch(request)?;
         let sub = self.scheduler.subscribe(&q);
         let state = WatchState {
+            durability: self.scheduler.durability().cloned(),
+            initial_ticket: Some(sub.ticket),
             resume_after: sub.position,
             initial: sub.initial.into_iter(),
             live: sub.live,
@@ -90,7 +95,7 @@ impl AgentService for AgentServiceImpl {
             Ok(mut spec) => {
                 spec.trace = trace;
                 if spec.background {
-                    self.scheduler.spawn(spec)
+                    self.scheduler.spawn(spec).await
                 } else {
                     self.scheduler.spawn_foreground(spec, deadline).await
                 }
@@ -109,7 +114,7 @@ impl AgentService for AgentServiceImpl {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let response = match convert::parse_status(request.into_inner())? {
             convert::StatusQuery::Ids(ids) => pb::StatusResponse {
-                agents: convert::agents_to_pb(&self.scheduler.status(&ids, "ids")?),
+                agents: convert::agents_to_pb(&self.scheduler.status(&ids, "ids").await?),
                 next_page_token: String::new(),
             },
             convert::StatusQuery::List {
@@ -117,7 +122,7 @@ impl AgentService for AgentServiceImpl {
                 after,
                 limit,
             } => {
-                let page = self.scheduler.list(&filter, after, limit);
+                let page = self.scheduler.list(&filter, after, limit).await?;
                 pb::StatusResponse {
                     agents: convert::agents_to_pb(&page.agents),
                     next_page_token: page.next_after.map(|s| s.to_string()).unwrap_or_default(),
@@ -148,8 +153,8 @@ impl AgentService for AgentServiceImpl {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let (target, reason) = convert::parse_cancel(request.into_inner())?;
         let cancelled = match target {
-            convert::CancelTarget::Agent(id) => self.scheduler.cancel(id, &reason)?,
-            convert::CancelTarget::Lead(lead) => self.scheduler.cancel_lead(&lead, &reason),
+            convert::CancelTarget::Agent(id) => self.scheduler.cancel(id, &reason).await?,
+            convert::CancelTarget::Lead(lead) => self.scheduler.cancel_lead(&lead, &reason).await?,
         };
         Ok(Response::new(pb::CancelResponse {
             agents: convert::agents_to_pb(&cancelled),
@@ -161,7 +166,7 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::SteerRequest>,
     ) -> Result<Response<pb::SteerResponse>, Status> {
         let (id, message) = convert::parse_steer(request.into_inner())?;
-        let (agent, delivery) = self.scheduler.steer(id, message)?;
+        let (agent, delivery) = self.scheduler.steer(id, message).await?;
         Ok(Response::new(pb::SteerResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
             delivery: convert::delivery_to_pb(delivery) as i32,
@@ -173,7 +178,7 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::ApproveRequest>,
     ) -> Result<Response<pb::ApproveResponse>, Status> {
         let (id, approval_id, outcome) = convert::parse_approve(request.into_inner())?;
-        let agent = self.scheduler.approve(id, approval_id, outcome)?;
+        let agent = self.scheduler.approve(id, approval_id, outcome).await?;
         Ok(Response::new(pb::ApproveResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
         }))
@@ -202,6 +207,12 @@ impl AgentService for AgentServiceImpl {
 /// One subscriber's position: initial events first, then live ones that
 /// pass its filter.
 struct WatchState {
+    /// With a store: an event is sent only once it is durable, so a
+    /// watcher never sees what a crash could take back.
+    durability: Option<Durability>,
+    /// The subscription's own change (snapshot sequence numbers), waited
+    /// for before the first event; None once waited.
+    initial_ticket: Option<u64>,
     initial: std::vec::IntoIter<Arc<Event>>,
     /// Lifecycle events, plus progress if the subscriber asked for it
     /// (all events, or only the matching ones for a routed filter).
@@ -215,9 +226,21 @@ struct WatchState {
 }
 
 impl WatchState {
+    /// Ends the stream UNAVAILABLE `STORE_FAILED`: what follows was never
+    /// written.
+    fn store_failed(mut self) -> Option<(Result<Bytes, Status>, Self)> {
+        self.done = true;
+        Some((Err(Error::StoreFailed.into()), self))
+    }
+
     async fn next(mut self) -> Option<(Result<Bytes, Status>, Self)> {
         if self.done {
             return None;
+        }
+        if let (Some(d), Some(ticket)) = (&self.durability, self.initial_ticket.take()) {
+            if d.wait(ticket).await.is_err() {
+                return self.store_failed();
+            }
         }
         if let Some(event) = self.initial.next() {
             return Some((Ok(convert::event_wire(&event)), self));
@@ -240,6 +263,11 @@ impl WatchState {
             };
             match received {
                 Received::Event(event) => {
+                    if let Some(d) = &self.durability {
+                        if d.wait_sequence(event.sequence).await.is_err() {
+                            return self.store_failed();
+                        }
+                    }
                     // Seen, matching or not: a resume starts after it.
                     self.resume_after = event.sequence;
                     if self.filter.matches(&event.agent) {

@@ -29,6 +29,10 @@ pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
 pub const REASON_DESCENDANT_LIMIT_REACHED: &str = "DESCENDANT_LIMIT_REACHED";
 /// The server is shutting down.
 pub const REASON_SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+/// A change could not be made durable.
+pub const REASON_STORE_FAILED: &str = "STORE_FAILED";
+/// The server is recovering its state at start.
+pub const REASON_RECOVERING: &str = "RECOVERING";
 /// Steer to an agent whose type takes no steer messages.
 pub const REASON_STEER_NOT_ACCEPTED: &str = "STEER_NOT_ACCEPTED";
 /// Approve for an agent with no pending approval.
@@ -58,6 +62,8 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::DepthLimit { .. } => REASON_DEPTH_LIMIT_REACHED,
         Error::DescendantLimit { .. } => REASON_DESCENDANT_LIMIT_REACHED,
         Error::ShuttingDown => REASON_SHUTTING_DOWN,
+        Error::StoreFailed => REASON_STORE_FAILED,
+        Error::Recovering => REASON_RECOVERING,
         Error::SteerNotAccepted { .. } => REASON_STEER_NOT_ACCEPTED,
         Error::NotAwaitingApproval { .. } => REASON_NOT_AWAITING_APPROVAL,
         Error::ApprovalMismatch { .. } => REASON_APPROVAL_MISMATCH,
@@ -178,6 +184,14 @@ impl From<Error> for Status {
             }
             Error::ShuttingDown => {
                 info(&mut d, REASON_SHUTTING_DOWN, &[]);
+                Code::Unavailable
+            }
+            Error::StoreFailed => {
+                info(&mut d, REASON_STORE_FAILED, &[]);
+                Code::Unavailable
+            }
+            Error::Recovering => {
+                info(&mut d, REASON_RECOVERING, &[]);
                 Code::Unavailable
             }
             Error::SteerNotAccepted { id, agent_type } => {

@@ -187,6 +187,7 @@ mod tests {
     use crate::scheduler::{
         AgentId, AgentStatus, AgentView, AwaitMode, Scheduler, SpawnSpec, SteerDelivery,
     };
+    use futures_util::FutureExt;
     use tokio::time::Instant;
 
     /// A scheduler with the default config (the simulated runner), to be
@@ -204,13 +205,19 @@ mod tests {
             background: true,
             ..SpawnSpec::default()
         })
+        .now_or_never()
+        .expect("without a store Spawn answers at once")
         .unwrap()
         .id
     }
 
     /// Delivers a steer to the running run.
     fn steer(s: &Scheduler, id: AgentId, message: &str) {
-        let (_, delivery) = s.steer(id, message.into()).unwrap();
+        let (_, delivery) = s
+            .steer(id, message.into())
+            .now_or_never()
+            .expect("without a store Steer answers at once")
+            .unwrap();
         assert_eq!(delivery, SteerDelivery::Delivered);
     }
 

@@ -83,6 +83,12 @@ pub enum Error {
     /// The server is shutting down.
     #[error("the server is shutting down and accepts no new agents; retry against another instance or after restart")]
     ShuttingDown,
+    /// The store failed to write a change: it may not have been kept.
+    #[error("the server could not make the change durable (its store failed); the server is stopping and recovers what was written when it restarts, so retry against it (with the same idempotency key) once it is back")]
+    StoreFailed,
+    /// The server is reading its store at start.
+    #[error("the server is recovering its state from the store after a restart; retry shortly")]
+    Recovering,
     /// Steer to an agent whose type takes no steer messages.
     #[error("agent {id} is of type \"{agent_type}\", which does not accept steering (set steer = \"stdin\" in [agents.{agent_type}] to send steer messages to its standard input)")]
     SteerNotAccepted { id: AgentId, agent_type: String },

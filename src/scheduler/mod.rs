@@ -28,7 +28,9 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-pub use self::core::{Core, Page, RunProgress, RunStart, SteerDelivery};
+pub use self::core::{
+    Core, Inconsistent, Page, RecoveryReport, RunProgress, RunStart, SteerDelivery,
+};
 pub use error::{Error, FieldViolation};
 pub use events::{Event, EventKind, Live, Progress, Received, SubscriberId, Subscription};
 pub use types::*;
@@ -37,6 +39,7 @@ pub use workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
 use crate::{
     config::{Config, RunnerKind},
     runner::{Run, Runner},
+    store::writer::{ChangeSource, Durability},
 };
 
 /// Whether Await waits for every agent or for the first.
@@ -55,6 +58,18 @@ pub const CODE_RUNNER_CRASHED: &str = "RUNNER_CRASHED";
 struct Shared {
     core: Mutex<Core>,
     runners: HashMap<RunnerKind, Arc<dyn Runner>>,
+    /// Set when a store keeps the core's changes: answers, watch events and
+    /// run starts then wait until what they depend on is durable.
+    durability: std::sync::OnceLock<Durability>,
+}
+
+/// The core as the store's writer sees it.
+struct CoreChanges(Arc<Shared>);
+
+impl ChangeSource for CoreChanges {
+    fn take_changes(&self) -> (durable::ChangeSet, u64) {
+        self.0.core.lock().take_changes()
+    }
 }
 
 /// Handle to the scheduler; clone freely.
@@ -87,6 +102,7 @@ impl Scheduler {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
                 runners,
+                durability: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -94,7 +110,14 @@ impl Scheduler {
     /// Runs `f` on the locked core, then starts the runs it admitted. The
     /// lock is released before anything is spawned.
     fn with_core<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let (out, starts, grace_timers, ended, sink) = {
+        self.with_core_ticket(f).0
+    }
+
+    /// [`Scheduler::with_core`], also returning the ticket of the newest
+    /// change, for [`Scheduler::durable`]. With a store, runs start only
+    /// once the change that admitted them is durable.
+    fn with_core_ticket<R>(&self, f: impl FnOnce(&mut Core) -> R) -> (R, u64) {
+        let (out, starts, grace_timers, ended, sink, ticket) = {
             let mut core = self.shared.core.lock();
             let out = f(&mut core);
             let ended = core.take_ended();
@@ -107,16 +130,104 @@ impl Scheduler {
                 core.take_grace_timers(),
                 ended,
                 sink,
+                core.ticket(),
             )
         };
         report_ended(ended, sink.as_deref());
-        for start in starts {
-            tokio::spawn(self.clone().drive(start));
-        }
         for (worker, agent, grace) in grace_timers {
             tokio::spawn(self.clone().release_after(worker, agent, grace));
         }
-        out
+        match self.shared.durability.get() {
+            None => {
+                for start in starts {
+                    tokio::spawn(self.clone().drive(start));
+                }
+            }
+            Some(d) => {
+                d.poke_if_behind(ticket);
+                if !starts.is_empty() {
+                    let (this, d) = (self.clone(), d.clone());
+                    tokio::spawn(async move {
+                        // A store that failed never wrote the admission:
+                        // the run must not start (the server is exiting).
+                        if d.wait(ticket).await.is_ok() {
+                            for start in starts {
+                                tokio::spawn(this.clone().drive(start));
+                            }
+                        }
+                    });
+                }
+            }
+        }
+        (out, ticket)
+    }
+
+    /// Returns once every change up to `ticket` is durable (at once without
+    /// a store); `STORE_FAILED` if the store failed first.
+    async fn durable(&self, ticket: u64) -> Result<(), Error> {
+        match self.shared.durability.get() {
+            None => Ok(()),
+            Some(d) => d.wait(ticket).await.map_err(|_| Error::StoreFailed),
+        }
+    }
+
+    /// Waits until what the core holds now is durable, so a read never
+    /// shows what a crash could take back.
+    async fn durable_now(&self) -> Result<(), Error> {
+        if self.shared.durability.get().is_none() {
+            return Ok(());
+        }
+        let ticket = self.shared.core.lock().ticket();
+        self.durable(ticket).await
+    }
+
+    /// The store's writer: takes the core's changes under its lock.
+    pub fn change_source(&self) -> Arc<dyn ChangeSource> {
+        Arc::new(CoreChanges(self.shared.clone()))
+    }
+
+    /// From now on answers, watch events and run starts wait for `d`
+    /// (called once, before serving).
+    pub fn attach_durability(&self, d: Durability) {
+        self.shared.core.lock().track_changes();
+        let _ = self.shared.durability.set(d);
+    }
+
+    /// Watermark of the durable event sequence (None without a store).
+    pub fn durability(&self) -> Option<&Durability> {
+        self.shared.durability.get()
+    }
+
+    /// Loads a store's contents into this (new) scheduler; see
+    /// [`Core::restore`]. Call [`Scheduler::recover_runs`] once the writer
+    /// is attached.
+    pub fn restore(
+        &self,
+        recovered: durable::Recovered,
+        watch: &crate::config::WatchConfig,
+    ) -> Result<RecoveryReport, Inconsistent> {
+        self.shared
+            .core
+            .lock()
+            .restore(recovered, watch.history, watch.subscriber_buffer)
+    }
+
+    /// Decides interrupted in-process runs and starts what may start (see
+    /// [`Core::recover_runs`]); worker runs nobody re-attaches within
+    /// `grace` then follow the worker-lost rules.
+    pub fn recover_runs(&self, report: &mut RecoveryReport, grace: Duration) {
+        self.with_core(|c| c.recover_runs(report));
+        if report.held_for_workers.is_empty() {
+            return;
+        }
+        let (this, held) = (self.clone(), report.held_for_workers.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let ended = this.with_core(|c| c.reattach_grace_passed(&held));
+            if ended > 0 {
+                tracing::info!(ended, "worker runs not re-attached within the grace");
+            }
+        });
     }
 
     /// The server's side of a run's end, on one timer: resolves `true` when
@@ -157,9 +268,15 @@ impl Scheduler {
     /// Mutates the core for a change that cannot start or end runs (run
     /// reports such as output).
     fn inspect_mut<R>(&self, f: impl FnOnce(&mut Core) -> R) -> R {
-        let mut core = self.shared.core.lock();
-        let out = f(&mut core);
-        debug_assert!(core.take_starts().is_empty() && core.take_ended().is_empty());
+        let (out, ticket) = {
+            let mut core = self.shared.core.lock();
+            let out = f(&mut core);
+            debug_assert!(core.take_starts().is_empty() && core.take_ended().is_empty());
+            (out, core.ticket())
+        };
+        if let Some(d) = self.shared.durability.get() {
+            d.poke_if_behind(ticket);
+        }
         out
     }
 
@@ -277,9 +394,11 @@ impl Scheduler {
 
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
     /// foreground spec it is already running).
-    pub fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
-        self.with_core(|c| c.spawn(spec, SystemTime::now()))
-            .map(|(view, _)| view)
+    pub async fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
+        let (spawned, ticket) = self.with_core_ticket(|c| c.spawn(spec, SystemTime::now()));
+        let (view, _) = spawned?;
+        self.durable(ticket).await?;
+        Ok(view)
     }
 
     /// Foreground spawn: admits the agent, then waits until it settles. If
@@ -291,7 +410,8 @@ impl Scheduler {
         spec: SpawnSpec,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<AgentView, Error> {
-        let (view, existing) = self.with_core(|c| c.spawn(spec, SystemTime::now()))?;
+        let (spawned, ticket) = self.with_core_ticket(|c| c.spawn(spec, SystemTime::now()));
+        let (view, existing) = spawned?;
         let guard = CancelOnDrop {
             scheduler: self.clone(),
             id: view.id,
@@ -300,13 +420,25 @@ impl Scheduler {
             // cancel it when this caller leaves: the first caller owns it.
             armed: !existing,
         };
+        self.durable(ticket).await?;
         let (mut agents, _) = self.await_agents(&[view.id], None, AwaitMode::All).await?;
         guard.disarm();
         Ok(agents.pop().unwrap_or(view))
     }
 
     /// Current views of `ids`, in order; the first unknown id is NOT_FOUND.
-    pub fn status(&self, ids: &[AgentId], field: &'static str) -> Result<Vec<AgentView>, Error> {
+    /// With a store, what they show is durable.
+    pub async fn status(
+        &self,
+        ids: &[AgentId],
+        field: &'static str,
+    ) -> Result<Vec<AgentView>, Error> {
+        let views = self.status_now(ids, field)?;
+        self.durable_now().await?;
+        Ok(views)
+    }
+
+    fn status_now(&self, ids: &[AgentId], field: &'static str) -> Result<Vec<AgentView>, Error> {
         self.inspect(|c| {
             ids.iter()
                 .map(|id| {
@@ -319,9 +451,16 @@ impl Scheduler {
         })
     }
 
-    /// A page of agents matching `filter`.
-    pub fn list(&self, filter: &AgentFilter, after: u64, limit: usize) -> Page {
-        self.inspect(|c| c.list(filter, after, limit))
+    /// A page of agents matching `filter` (durable, with a store).
+    pub async fn list(
+        &self,
+        filter: &AgentFilter,
+        after: u64,
+        limit: usize,
+    ) -> Result<Page, Error> {
+        let page = self.inspect(|c| c.list(filter, after, limit));
+        self.durable_now().await?;
+        Ok(page)
     }
 
     /// Waits until all (or any) of `ids` are settled, or `timeout` passes
@@ -364,6 +503,7 @@ impl Scheduler {
                 Ok((views, done))
             })?;
             if done {
+                self.durable_now().await?;
                 return Ok((views, false));
             }
             let timer = async {
@@ -375,7 +515,7 @@ impl Scheduler {
             tokio::select! {
                 () = notify.notified() => {}
                 () = timer => {
-                    let views = self.status(ids, "ids")?;
+                    let views = self.status(ids, "ids").await?;
                     let settled = views.iter().filter(|v| v.status.is_settled()).count();
                     let done = match mode {
                         AwaitMode::All => settled == views.len(),
@@ -387,35 +527,52 @@ impl Scheduler {
         }
     }
 
-    /// Cancels an agent and its live descendants.
-    pub fn cancel(&self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
-        self.with_core(|c| c.cancel(id, reason))
+    /// Cancels an agent and its live descendants; returns once durable.
+    pub async fn cancel(&self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
+        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel(id, reason));
+        let cancelled = cancelled?;
+        self.durable(ticket).await?;
+        Ok(cancelled)
     }
 
-    /// Cancels every live agent under a lead.
-    pub fn cancel_lead(&self, lead: &str, reason: &str) -> Vec<AgentView> {
-        self.with_core(|c| c.cancel_lead(lead, reason))
+    /// Cancels every live agent under a lead; returns once durable.
+    pub async fn cancel_lead(&self, lead: &str, reason: &str) -> Result<Vec<AgentView>, Error> {
+        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel_lead(lead, reason));
+        self.durable(ticket).await?;
+        Ok(cancelled)
     }
 
-    /// Decides an agent's pending approval (see [`Core::decide_approval`]).
-    pub fn approve(
+    /// Decides an agent's pending approval (see [`Core::decide_approval`]);
+    /// returns once durable.
+    pub async fn approve(
         &self,
         id: AgentId,
         approval_id: Uuid,
         outcome: ApprovalOutcome,
     ) -> Result<AgentView, Error> {
-        self.with_core(|c| c.decide_approval(id, approval_id, outcome))
+        let (decided, ticket) =
+            self.with_core_ticket(|c| c.decide_approval(id, approval_id, outcome));
+        let view = decided?;
+        self.durable(ticket).await?;
+        Ok(view)
     }
 
-    /// Sends a steer message.
-    pub fn steer(&self, id: AgentId, message: String) -> Result<(AgentView, SteerDelivery), Error> {
-        self.with_core(|c| c.steer(id, message))
+    /// Sends a steer message; returns once durable.
+    pub async fn steer(
+        &self,
+        id: AgentId,
+        message: String,
+    ) -> Result<(AgentView, SteerDelivery), Error> {
+        let (steered, ticket) = self.with_core_ticket(|c| c.steer(id, message));
+        let steered = steered?;
+        self.durable(ticket).await?;
+        Ok(steered)
     }
 
     /// Subscribes to lifecycle events; the subscription ends when the
     /// returned value is dropped.
     pub fn subscribe(&self, query: &WatchQuery) -> Watch {
-        let sub = self.with_core(|c| c.subscribe(query));
+        let (sub, ticket) = self.with_core_ticket(|c| c.subscribe(query));
         Watch {
             initial: sub.initial,
             live: WatchLive {
@@ -423,6 +580,7 @@ impl Scheduler {
                 scheduler: self.clone(),
             },
             position: sub.position,
+            ticket,
         }
     }
 
@@ -479,6 +637,11 @@ impl Scheduler {
         (retention / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
+    /// See [`Core::detach_runs`].
+    pub fn detach_runs(&self) -> usize {
+        self.with_core(Core::detach_runs)
+    }
+
     /// Stops admitting (every Spawn from now on is UNAVAILABLE) and cancels
     /// every live agent with `reason`, in one step under the lock, so no
     /// Spawn slips in between and nothing queued starts. Returns how many
@@ -497,6 +660,9 @@ pub struct Watch {
     pub live: WatchLive,
     /// Newest sequence number at subscription (see [`Subscription`]).
     pub position: u64,
+    /// With a store: the initial events may be sent once this ticket is
+    /// durable (a snapshot draws sequence numbers).
+    pub ticket: u64,
 }
 
 /// Live events of a [`Watch`]; dropping it unsubscribes.
@@ -570,7 +736,7 @@ impl Drop for CancelOnDrop {
                 }
                 _ => "the foreground caller went away",
             };
-            let _ = self.scheduler.cancel(self.id, reason);
+            let _ = self.scheduler.with_core(|c| c.cancel(self.id, reason));
         }
     }
 }
@@ -721,7 +887,7 @@ mod tests {
             Arc::new(PanickingRunner),
             "[limits]\nmax_background_agents = 1\n",
         );
-        let agent = s.spawn(spec()).unwrap();
+        let agent = s.spawn(spec()).await.unwrap();
         let (agents, timed_out) = s
             .await_agents(&[agent.id], Some(Duration::from_secs(10)), AwaitMode::All)
             .await
@@ -734,7 +900,7 @@ mod tests {
         s.inspect(|c| assert_eq!(c.counters(), c.recount()));
         assert_eq!(s.inspect(|c| c.counters().live_background), 0);
         // The freed global slot admits the next agent.
-        s.spawn(spec()).unwrap();
+        s.spawn(spec()).await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
@@ -746,6 +912,7 @@ mod tests {
                 timeout: Some(Duration::from_secs(60)),
                 ..spec()
             })
+            .await
             .unwrap();
         // The paused clock jumps to the deadline as soon as everything idles.
         let (agents, _) = s
@@ -779,6 +946,7 @@ mod tests {
                 prompt: "output one\nsleep 3600000".into(),
                 ..spec()
             })
+            .await
             .unwrap();
         // The paused clock jumps ahead whenever everything idles.
         let ended = settle(&s, agent.id).await;
@@ -805,6 +973,7 @@ mod tests {
                 timeout: Some(Duration::from_secs(7200)),
                 ..spec()
             })
+            .await
             .unwrap();
         let paused = s
             .spawn(SpawnSpec {
@@ -812,10 +981,11 @@ mod tests {
                 timeout: Some(Duration::from_secs(7200)),
                 ..spec()
             })
+            .await
             .unwrap();
         assert_eq!(settle(&s, fresh.id).await.status, AgentStatus::Done);
         // 36 minutes later the approval is still pending, not stale.
-        let waiting = s.status(&[paused.id], "id").unwrap().pop().unwrap();
+        let waiting = s.status(&[paused.id], "id").await.unwrap().pop().unwrap();
         assert_eq!(waiting.status, AgentStatus::AwaitingApproval);
         let approval = waiting.approval.as_ref().unwrap().id;
         s.approve(
@@ -826,6 +996,7 @@ mod tests {
                 note: String::new(),
             },
         )
+        .await
         .unwrap();
         assert_eq!(settle(&s, paused.id).await.status, AgentStatus::Done);
     }
@@ -839,6 +1010,7 @@ mod tests {
                 timeout: Some(Duration::from_secs(2 * 86400)),
                 ..spec()
             })
+            .await
             .unwrap();
         let ended = settle(&s, agent.id).await;
         assert_eq!(ended.status, AgentStatus::Done, "{:?}", ended.error);

@@ -21,6 +21,7 @@ use std::{
     path::PathBuf,
 };
 
+use crate::config::{StoreBackend, StoreConfig};
 use crate::scheduler::{
     durable::{ChangeSet, LogPosition, Recovered},
     AgentId,
@@ -157,6 +158,20 @@ impl Contents {
             position: self.position,
         })
     }
+}
+
+/// Opens the store `[store]` configures; None for `backend = "memory"`
+/// (nothing is kept). Blocks: call it off the async runtime.
+pub fn open(config: &StoreConfig) -> Result<Option<Box<dyn Store>>, StoreError> {
+    Ok(match config.backend {
+        StoreBackend::Memory => None,
+        StoreBackend::Embedded => Some(Box::new(embedded::EmbeddedStore::open(&config.path)?)),
+        StoreBackend::Postgres => Some(Box::new(postgres::PostgresStore::open(
+            &config.url,
+            config.password_file.as_deref(),
+            config.pool_size,
+        )?)),
+    })
 }
 
 /// A storage engine. Calls block; the store's writer thread makes them.

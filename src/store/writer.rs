@@ -34,6 +34,8 @@ pub trait ChangeSource: Send + Sync + 'static {
 struct Watermark {
     /// Every change with a ticket up to this one is durable.
     durable: u64,
+    /// Every event up to this sequence number is durable.
+    sequence: u64,
     /// A commit failed: nothing after `durable` ever will be.
     failed: bool,
 }
@@ -70,8 +72,8 @@ impl Durability {
             // The writer is gone without failing: it only stops when the
             // process does, so treat it as a failure, never as durable.
             .unwrap_or(Watermark {
-                durable: 0,
                 failed: true,
+                ..Watermark::default()
             });
         if w.durable >= ticket {
             Ok(())
@@ -84,6 +86,36 @@ impl Durability {
     /// on, e.g. a run's report).
     pub fn poke(&self) {
         self.writer.poke();
+    }
+
+    /// [`Durability::poke`] when `ticket` is not durable yet.
+    pub fn poke_if_behind(&self, ticket: u64) {
+        if self.rx.borrow().durable < ticket {
+            self.writer.poke();
+        }
+    }
+
+    /// Returns once every event up to `sequence` is durable, or fails once
+    /// the store has failed before writing it.
+    pub async fn wait_sequence(&self, sequence: u64) -> Result<(), StoreFailed> {
+        let now = *self.rx.borrow();
+        if now.sequence >= sequence {
+            return Ok(());
+        }
+        if now.failed {
+            return Err(StoreFailed);
+        }
+        self.writer.poke();
+        let mut rx = self.rx.clone();
+        let reached = rx
+            .wait_for(|w| w.sequence >= sequence || w.failed)
+            .await
+            .is_ok_and(|w| w.sequence >= sequence);
+        if reached {
+            Ok(())
+        } else {
+            Err(StoreFailed)
+        }
     }
 
     /// The newest durable ticket.
@@ -146,7 +178,8 @@ impl Writer {
                 loop {
                     let stopping = stop.load(std::sync::atomic::Ordering::Acquire);
                     let (changes, ticket) = source.take_changes();
-                    if changes.is_empty() {
+                    let sequence = changes.position.last_sequence;
+                    if changes.is_empty() && sequence <= tx.borrow().sequence {
                         if ticket > tx.borrow().durable {
                             tx.send_modify(|w| w.durable = ticket);
                         }
@@ -177,7 +210,10 @@ impl Writer {
                                 took_us = started.elapsed().as_micros() as u64,
                                 "store commit"
                             );
-                            tx.send_modify(|w| w.durable = ticket);
+                            tx.send_modify(|w| {
+                                w.durable = ticket;
+                                w.sequence = sequence;
+                            });
                         }
                         Err(e) => {
                             // Never retried: after a failed fsync the

@@ -39,6 +39,7 @@ impl ChildServer {
             .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
             .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
             .env("RUST_LOG", "info")
+            .envs(memory_unless_configured(config_toml, env))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -121,4 +122,15 @@ async fn forward(stderr: ChildStderr, tx: mpsc::UnboundedSender<String>) {
     while let Ok(Some(line)) = lines.next_line().await {
         let _ = tx.send(line);
     }
+}
+
+/// `SUBAGENTD_STORE__BACKEND=memory` unless the test configures a store:
+/// servers of parallel tests would otherwise share `./subagentd-data`.
+fn memory_unless_configured(
+    config_toml: &str,
+    env: &[(&str, &str)],
+) -> Option<(&'static str, &'static str)> {
+    let configured = config_toml.contains("[store]")
+        || env.iter().any(|(k, _)| k.starts_with("SUBAGENTD_STORE__"));
+    (!configured).then_some(("SUBAGENTD_STORE__BACKEND", "memory"))
 }

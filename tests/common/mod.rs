@@ -13,6 +13,14 @@ use subagentd::{
 };
 use tonic::transport::Channel;
 
+/// Tests keep nothing unless they configure a store: servers of parallel
+/// tests would otherwise share `./subagentd-data` (and its lock).
+fn memory_unless_configured(config: &mut Config, toml: &str) {
+    if !toml.contains("[store]") {
+        config.store.backend = subagentd::config::StoreBackend::Memory;
+    }
+}
+
 /// A server started for one test, with a connected client.
 pub struct TestServer {
     pub handle: ServerHandle,
@@ -29,6 +37,7 @@ impl TestServer {
         config.telemetry.metrics_listen = "127.0.0.1:0".into();
         // Tests that stop a server with agents still running do not wait.
         config.server.shutdown_grace = Duration::ZERO;
+        memory_unless_configured(&mut config, toml);
         Self::start_config(config, ConfigSource::default(), None).await
     }
 
@@ -44,6 +53,7 @@ impl TestServer {
         let mut config = source.load().expect("test config is valid");
         config.telemetry.metrics_listen = "127.0.0.1:0".into();
         config.server.shutdown_grace = Duration::ZERO;
+        memory_unless_configured(&mut config, toml);
         Self::start_config(config, source, Some(file)).await
     }
 

@@ -97,7 +97,12 @@ class Server:
             stderr=subprocess.PIPE,
             text=True,
             # Several servers may run at once: no fixed metrics port.
-            env={**os.environ, "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0"},
+            # Parallel servers must not share ./subagentd-data.
+            env={
+                **os.environ,
+                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
+                "SUBAGENTD_STORE__BACKEND": "memory",
+            },
         )
         self.log = []
         lines: "queue.Queue[str]" = queue.Queue()

@@ -84,6 +84,8 @@ class Server:
                 **os.environ,
                 "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
                 "SUBAGENTD_SERVER__SHUTDOWN_GRACE": "0s",
+                # Parallel servers must not share ./subagentd-data.
+                "SUBAGENTD_STORE__BACKEND": "memory",
             },
         )
         lines: "queue.Queue[str]" = queue.Queue()

@@ -129,6 +129,8 @@ impl ServerProcess {
             command
                 .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
                 .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
+                // What the scenarios have always measured: no store.
+                .env("SUBAGENTD_STORE__BACKEND", "memory")
                 .env("RUST_LOG", "warn");
         }
         let child = command

@@ -41,6 +41,28 @@ impl Core {
         cancelled.len()
     }
 
+    /// Shutdown over a durable store: stops admitting and stops every
+    /// in-process run without recording anything (the store keeps them
+    /// RUNNING, so the next start treats them as interrupted); queued
+    /// agents stay queued and worker runs stay held for re-attach. Call
+    /// after the store's writer has stopped. Returns how many runs it
+    /// stopped.
+    pub fn detach_runs(&mut self) -> usize {
+        self.closed = true;
+        let mut stopped = 0;
+        for rec in self.agents.values_mut() {
+            if rec.runner == crate::config::RunnerKind::Worker {
+                continue;
+            }
+            if let Some(run) = rec.run.take() {
+                // The run task ends without a report.
+                run.cancel.cancel();
+                stopped += 1;
+            }
+        }
+        stopped
+    }
+
     /// Forgets agents that finished more than `finished_retention` before
     /// `now`. Returns how many were forgotten.
     pub fn sweep(&mut self, now: SystemTime) -> usize {

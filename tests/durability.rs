@@ -1,0 +1,200 @@
+//! Issue 13 end to end: the real binary on an embedded store, killed with
+//! SIGKILL or stopped with SIGTERM, restarted on the same store. Everything
+//! acknowledged is there; interrupted runs follow the recovery rules; a
+//! watcher resumes without a gap.
+
+mod common;
+
+use std::time::Duration;
+
+use common::child::ChildServer;
+use nix::sys::signal::Signal;
+use subagentd::pb::{self, agent_service_client::AgentServiceClient};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+fn config(dir: &std::path::Path) -> String {
+    format!(
+        "[store]\nbackend = \"embedded\"\npath = \"{}\"\n\n[limits]\ndefault_concurrency = 1\n",
+        dir.display()
+    )
+}
+
+fn spawn_req(prompt: &str, key: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        idempotency_key: key.to_owned(),
+        ..common::bg("acme/m", prompt)
+    }
+}
+
+async fn await_one(client: &mut AgentServiceClient<Channel>, id: &str) -> pb::Agent {
+    let answer = client
+        .r#await(pb::AwaitRequest {
+            ids: vec![id.to_owned()],
+            timeout: Some(prost_types::Duration {
+                seconds: 20,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("Await")
+        .into_inner();
+    assert!(
+        !answer.timed_out,
+        "{id} did not settle: {:?}",
+        answer.agents
+    );
+    answer.agents.into_iter().next().unwrap()
+}
+
+#[tokio::test]
+async fn a_sigkill_loses_nothing_acknowledged_and_a_watch_resumes_without_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = config(dir.path());
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let mut watch = client
+        .watch_agents(pb::WatchAgentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+
+    // The bucket holds one: `running` runs, `queued` waits behind it.
+    let running = common::spawn(&mut client, spawn_req("sleep 600000", "k-running")).await;
+    let queued = common::spawn(
+        &mut client,
+        spawn_req("wait_steer\noutput steered after the restart", "k-queued"),
+    )
+    .await;
+    assert_eq!(common::status(&queued), pb::AgentStatus::Queued);
+    let steered = client
+        .steer(pb::SteerRequest {
+            id: queued.id.clone(),
+            message: "go on".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(steered.delivery, pb::SteerDelivery::Buffered as i32);
+    // The watcher saw STARTED (running) and QUEUED (queued): nothing else
+    // was published, and a watcher only sees what is durable.
+    let mut last_seen = 0;
+    for _ in 0..2 {
+        let event = watch.next().await.unwrap().unwrap();
+        assert!(event.sequence > last_seen);
+        last_seen = event.sequence;
+    }
+
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    // The interrupted in-process run failed, saying why.
+    let failed = await_one(&mut client, &running.id).await;
+    assert_eq!(common::status(&failed), pb::AgentStatus::Failed);
+    let error = failed.error.unwrap();
+    assert_eq!(error.code, "SERVER_RESTARTED");
+    assert!(
+        error.message.contains("interrupted by a server restart"),
+        "{}",
+        error.message
+    );
+    // The queued agent kept its place and its buffered steer: it ran.
+    let done = await_one(&mut client, &queued.id).await;
+    assert_eq!(common::status(&done), pb::AgentStatus::Done);
+    assert_eq!(done.result, "steer: go on\nsteered after the restart");
+    // Each key still returns its first agent.
+    let again = common::spawn(&mut client, spawn_req("sleep 1", "k-queued")).await;
+    assert_eq!(again.id, queued.id);
+    // A watch resumed after the last event seen continues without a gap:
+    // the next events are the recovery's decisions, in order, none twice.
+    let mut resumed = client
+        .watch_agents(pb::WatchAgentsRequest {
+            after_sequence: last_seen,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut previous = last_seen;
+    let mut failed_seen = false;
+    while !failed_seen {
+        let event = tokio::time::timeout(Duration::from_secs(10), resumed.next())
+            .await
+            .expect("an event")
+            .unwrap()
+            .unwrap();
+        assert!(
+            event.sequence > previous,
+            "{} after {previous}",
+            event.sequence
+        );
+        assert_ne!(
+            event.kind,
+            pb::AgentEventKind::Snapshot as i32,
+            "replayed, not a snapshot"
+        );
+        previous = event.sequence;
+        let agent = event.agent.unwrap();
+        failed_seen = agent.id == running.id && event.kind == pb::AgentEventKind::Failed as i32;
+    }
+    assert_eq!(server.stop().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_keeps_queued_agents_queued_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "{}[agents.simulated]\nrunner = \"simulated\"\nretry_on_restart = 1\n\n[server]\nshutdown_grace = \"0s\"\n",
+        config(dir.path())
+    );
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let running = common::spawn(&mut client, spawn_req("sleep 600000", "a")).await;
+    let queued = common::spawn(&mut client, spawn_req("output later", "b")).await;
+    assert_eq!(common::status(&queued), pb::AgentStatus::Queued);
+    assert_eq!(server.stop().await.code(), Some(0));
+
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    // retry_on_restart = 1: the interrupted run is queued again at its
+    // original place (ahead of the other), as attempt 2.
+    let retried = common::status_of(&mut client, &running.id).await;
+    assert_eq!(common::status(&retried), pb::AgentStatus::Running);
+    assert_eq!(retried.attempt, 2);
+    let later = common::status_of(&mut client, &queued.id).await;
+    assert_eq!(
+        common::status(&later),
+        pb::AgentStatus::Queued,
+        "not cancelled by SIGTERM"
+    );
+    common::cancel(&mut client, &running.id).await;
+    assert_eq!(await_one(&mut client, &queued.id).await.result, "later");
+    assert_eq!(server.stop().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_store_refuses_to_start_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = config(dir.path());
+    let first = ChildServer::start(&toml, &[]).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &toml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(file.path())
+        .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let path = dir.path().join("subagentd.redb");
+    assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains("in use by another subagentd process"),
+        "{stderr}"
+    );
+    assert_eq!(first.stop().await.code(), Some(0));
+}
