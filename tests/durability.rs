@@ -13,11 +13,35 @@ use subagentd::pb::{self, agent_service_client::AgentServiceClient};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
-fn config(dir: &std::path::Path) -> String {
-    format!(
-        "[store]\nbackend = \"embedded\"\npath = \"{}\"\n\n[limits]\ndefault_concurrency = 1\n",
-        dir.display()
-    )
+/// Where a test's server keeps its state; dropping it removes the state.
+enum Store {
+    Embedded(tempfile::TempDir),
+    Postgres(common::postgres::Database),
+}
+
+impl Store {
+    /// A fresh store of `backend` ("embedded" or "postgres"); None when
+    /// PostgreSQL tests are not configured here (CI always configures them).
+    async fn new(backend: &str) -> Option<Self> {
+        match backend {
+            "embedded" => Some(Self::Embedded(tempfile::tempdir().unwrap())),
+            _ => common::postgres::Database::create()
+                .await
+                .map(Self::Postgres),
+        }
+    }
+
+    /// The server's config: this store, and a bucket that runs one agent.
+    fn config(&self) -> String {
+        let store = match self {
+            Self::Embedded(dir) => format!(
+                "backend = \"embedded\"\npath = \"{}\"",
+                dir.path().display()
+            ),
+            Self::Postgres(db) => format!("backend = \"postgres\"\nurl = \"{}\"", db.url),
+        };
+        format!("[store]\n{store}\n\n[limits]\ndefault_concurrency = 1\n")
+    }
 }
 
 fn spawn_req(prompt: &str, key: &str) -> pb::SpawnRequest {
@@ -49,9 +73,21 @@ async fn await_one(client: &mut AgentServiceClient<Channel>, id: &str) -> pb::Ag
 }
 
 #[tokio::test]
-async fn a_sigkill_loses_nothing_acknowledged_and_a_watch_resumes_without_a_gap() {
-    let dir = tempfile::tempdir().unwrap();
-    let toml = config(dir.path());
+async fn a_sigkill_loses_nothing_acknowledged_embedded() {
+    sigkill_loses_nothing_acknowledged("embedded").await;
+}
+
+#[tokio::test]
+async fn a_sigkill_loses_nothing_acknowledged_postgres() {
+    sigkill_loses_nothing_acknowledged("postgres").await;
+}
+
+/// A SIGKILL loses nothing acknowledged, and a watch resumes without a gap.
+async fn sigkill_loses_nothing_acknowledged(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
+    let toml = store.config();
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
     let mut watch = client
@@ -144,11 +180,24 @@ async fn a_sigkill_loses_nothing_acknowledged_and_a_watch_resumes_without_a_gap(
 }
 
 #[tokio::test]
-async fn sigterm_keeps_queued_agents_queued_for_the_next_start() {
-    let dir = tempfile::tempdir().unwrap();
+async fn sigterm_keeps_queued_agents_queued_embedded() {
+    sigterm_keeps_queued_agents_queued("embedded").await;
+}
+
+#[tokio::test]
+async fn sigterm_keeps_queued_agents_queued_postgres() {
+    sigterm_keeps_queued_agents_queued("postgres").await;
+}
+
+/// SIGTERM leaves live agents in the store; the next start re-queues the
+/// interrupted run (retry_on_restart) ahead of the queued one.
+async fn sigterm_keeps_queued_agents_queued(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
     let toml = format!(
         "{}[agents.simulated]\nrunner = \"simulated\"\nretry_on_restart = 1\n\n[server]\nshutdown_grace = \"0s\"\n",
-        config(dir.path())
+        store.config()
     );
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
@@ -176,9 +225,22 @@ async fn sigterm_keeps_queued_agents_queued_for_the_next_start() {
 }
 
 #[tokio::test]
-async fn a_second_server_on_the_same_store_refuses_to_start_naming_the_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let toml = config(dir.path());
+async fn a_second_server_on_the_same_store_refuses_to_start_embedded() {
+    second_server_refuses("embedded").await;
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_store_refuses_to_start_postgres() {
+    second_server_refuses("postgres").await;
+}
+
+/// Never two schedulers over one store: the second server exits at start
+/// with a message naming the store.
+async fn second_server_refuses(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
+    let toml = store.config();
     let first = ChildServer::start(&toml, &[]).await;
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &toml).unwrap();
@@ -190,11 +252,22 @@ async fn a_second_server_on_the_same_store_refuses_to_start_naming_the_path() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let path = dir.path().join("subagentd.redb");
-    assert!(stderr.contains(&path.display().to_string()), "{stderr}");
-    assert!(
-        stderr.contains("in use by another subagentd process"),
-        "{stderr}"
-    );
+    match &store {
+        Store::Embedded(dir) => {
+            let path = dir.path().join("subagentd.redb");
+            assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+            assert!(
+                stderr.contains("in use by another subagentd process"),
+                "{stderr}"
+            );
+        }
+        Store::Postgres(db) => {
+            assert!(stderr.contains(&db.name), "{stderr}");
+            assert!(
+                stderr.contains("in use by another subagentd server"),
+                "{stderr}"
+            );
+        }
+    }
     assert_eq!(first.stop().await.code(), Some(0));
 }

@@ -524,6 +524,11 @@ mod tests {
         /// None (after saying so) when no test server is configured.
         fn create() -> Option<Self> {
             let Ok(server) = std::env::var(SERVER_ENV) else {
+                // CI sets this: there a missing server is a failure.
+                assert!(
+                    std::env::var_os("SUBAGENTD_REQUIRE_POSTGRES").is_none(),
+                    "{SERVER_ENV} is not set but SUBAGENTD_REQUIRE_POSTGRES is"
+                );
                 eprintln!(
                     "skipped: {SERVER_ENV} is not set (`eval \"$(.ci/postgres.sh start)\"` sets it)"
                 );

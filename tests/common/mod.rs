@@ -3,6 +3,7 @@
 
 pub mod child;
 pub mod cli;
+pub mod postgres;
 
 use std::time::Duration;
 
