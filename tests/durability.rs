@@ -271,3 +271,159 @@ async fn second_server_refuses(backend: &str) {
     }
     assert_eq!(first.stop().await.code(), Some(0));
 }
+
+/// A raw worker session over the generated client.
+struct RawWorker {
+    tx: tokio::sync::mpsc::UnboundedSender<pb::ConnectRequest>,
+    rx: tonic::Streaming<pb::ConnectResponse>,
+}
+
+impl RawWorker {
+    async fn connect(server: &ChildServer, held: Vec<pb::HeldRun>) -> Self {
+        use pb::connect_request::Message;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(pb::ConnectRequest {
+            message: Some(Message::Hello(pb::WorkerHello {
+                name: "durable-worker".into(),
+                agents: vec!["coder".into()],
+                capacity: 2,
+                held_runs: held,
+                ..Default::default()
+            })),
+        })
+        .unwrap();
+        let mut rx = pb::worker_service_client::WorkerServiceClient::new(server.channel().await)
+            .connect(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .expect("session opens")
+            .into_inner();
+        let welcome = Self::next_on(&mut rx).await;
+        assert!(
+            matches!(welcome, pb::connect_response::Message::Welcome(_)),
+            "{welcome:?}"
+        );
+        Self { tx, rx }
+    }
+
+    async fn next_on(
+        rx: &mut tonic::Streaming<pb::ConnectResponse>,
+    ) -> pb::connect_response::Message {
+        tokio::time::timeout(Duration::from_secs(10), rx.message())
+            .await
+            .expect("a message within 10 s")
+            .expect("stream ok")
+            .expect("stream open")
+            .message
+            .expect("message set")
+    }
+
+    async fn next(&mut self) -> pb::connect_response::Message {
+        Self::next_on(&mut self.rx).await
+    }
+
+    fn done(&self, agent_id: &str, result: &str) {
+        use pb::{connect_request::Message, run_event::Event};
+        self.tx
+            .send(pb::ConnectRequest {
+                message: Some(Message::Event(pb::RunEvent {
+                    agent_id: agent_id.into(),
+                    event: Some(Event::Done(pb::RunDone {
+                        result: result.into(),
+                    })),
+                })),
+            })
+            .unwrap();
+    }
+}
+
+/// Issue 13 §4: a worker run survives a server crash. The worker that
+/// still holds it re-attaches with the same attempt (no new assignment),
+/// gets steer commands again and finishes it; a run it names that the
+/// server does not have live gets a cancel. A run nobody re-attaches
+/// follows the worker-lost rules once the grace passes.
+#[tokio::test]
+async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_grace() {
+    let Some(store) = Store::new("embedded").await else {
+        return;
+    };
+    let toml = format!(
+        "{}[agents.coder]\nrunner = \"worker\"\n\n[runs]\nworker_reattach_grace = \"2s\"\n",
+        store
+            .config()
+            .replace("default_concurrency = 1", "default_concurrency = 0")
+    );
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let mut worker = RawWorker::connect(&server, vec![]).await;
+    let kept = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..common::bg("acme/m", "keep me")
+        },
+    )
+    .await;
+    let orphan = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..common::bg("acme/m", "nobody comes back for me")
+        },
+    )
+    .await;
+    for _ in 0..2 {
+        let pb::connect_response::Message::Assign(a) = worker.next().await else {
+            panic!("expected assignments");
+        };
+        assert_eq!(a.agent.unwrap().attempt, 1);
+    }
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+    drop(worker);
+
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let stranger = uuid::Uuid::now_v7().to_string();
+    let mut worker = RawWorker::connect(
+        &server,
+        vec![
+            pb::HeldRun {
+                agent_id: kept.id.clone(),
+                attempt: 1,
+            },
+            pb::HeldRun {
+                agent_id: stranger.clone(),
+                attempt: 1,
+            },
+        ],
+    )
+    .await;
+    let pb::connect_response::Message::Cancel(cancel) = worker.next().await else {
+        panic!("the unknown run is cancelled first, with no new assignment");
+    };
+    assert_eq!(cancel.agent_id, stranger);
+    let held = common::status_of(&mut client, &kept.id).await;
+    assert_eq!(common::status(&held), pb::AgentStatus::Running);
+    assert_eq!(held.attempt, 1, "the same attempt, not a retry");
+    // Commands flow to the re-attached run again.
+    client
+        .steer(pb::SteerRequest {
+            id: kept.id.clone(),
+            message: "still there?".into(),
+        })
+        .await
+        .unwrap();
+    let pb::connect_response::Message::Steer(steer) = worker.next().await else {
+        panic!("expected the steer");
+    };
+    assert_eq!(steer.message, "still there?");
+    worker.done(&kept.id, "finished across a restart");
+    let done = await_one(&mut client, &kept.id).await;
+    assert_eq!(common::status(&done), pb::AgentStatus::Done);
+    assert_eq!(done.result, "finished across a restart");
+    // The other run's worker never named it: lost after the grace.
+    let lost = await_one(&mut client, &orphan.id).await;
+    assert_eq!(common::status(&lost), pb::AgentStatus::Failed);
+    assert_eq!(lost.error.unwrap().code, "WORKER_LOST");
+    assert_eq!(server.stop().await.code(), Some(0));
+}

@@ -1256,7 +1256,7 @@ impl Harness {
             capacity,
             labels: BTreeMap::new(),
         };
-        let id = self.core.register_worker(info, tx);
+        let id = self.core.register_worker(info, tx, &[]);
         self.workers.push((id, capacity, rx));
         self.drain_events();
     }

@@ -461,7 +461,7 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
             name: "traced-worker".into(),
             agents: vec!["coder".into()],
             capacity: 1,
-            labels: Default::default(),
+            ..Default::default()
         })),
     })
     .unwrap();

@@ -102,7 +102,7 @@ runner = "worker"
             name: "frozen".into(),
             agents: vec!["coder".into()],
             capacity: 1,
-            labels: Default::default(),
+            ..Default::default()
         })),
     })
     .unwrap();

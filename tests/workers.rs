@@ -57,7 +57,7 @@ fn hello(name: &str, agents: &[&str], capacity: u32) -> pb::ConnectRequest {
             name: name.into(),
             agents: agents.iter().map(|a| (*a).into()).collect(),
             capacity,
-            labels: Default::default(),
+            ..Default::default()
         })),
     }
 }
@@ -797,7 +797,7 @@ async fn reports_about_runs_a_worker_does_not_hold_are_ignored() {
         name: "again".into(),
         agents: vec!["coder".into()],
         capacity: 5,
-        labels: Default::default(),
+        ..Default::default()
     }));
     // Another worker's reports about w's live run.
     let (review, _) = spawn_assigned(&mut s, &mut other, worker_bg("reviewer", "r")).await;

@@ -12,7 +12,7 @@ use crate::pb;
 use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
     AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error,
-    Event, EventKind, FieldViolation, ModelRef, Progress, SpawnSpec, SteerDelivery, Usage,
+    Event, EventKind, FieldViolation, HeldRun, ModelRef, Progress, SpawnSpec, SteerDelivery, Usage,
     WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, CODE_RUN_FAILED,
 };
 
@@ -551,7 +551,10 @@ pub const MAX_WORKER_CAPACITY: u32 = 100_000;
 
 /// Parses a worker's first message: it must be a hello naming at least one
 /// agent type, each configured with `runner = "worker"` (`worker_types`).
-pub fn parse_hello(req: pb::ConnectRequest, worker_types: &[String]) -> Result<WorkerInfo, Error> {
+pub fn parse_hello(
+    req: pb::ConnectRequest,
+    worker_types: &[String],
+) -> Result<(WorkerInfo, Vec<HeldRun>), Error> {
     let Some(pb::connect_request::Message::Hello(hello)) = req.message else {
         return Err(Error::invalid(
             "hello",
@@ -598,18 +601,36 @@ pub fn parse_hello(req: pb::ConnectRequest, worker_types: &[String]) -> Result<W
             ),
         );
     }
+    let mut held = Vec::with_capacity(hello.held_runs.len());
+    for (i, run) in hello.held_runs.iter().enumerate() {
+        match Uuid::parse_str(&run.agent_id) {
+            Ok(agent_id) if run.attempt >= 1 => held.push(HeldRun {
+                agent_id,
+                attempt: run.attempt,
+            }),
+            Ok(_) => v.add(
+                format!("hello.held_runs[{i}].attempt"),
+                "must be ≥ 1 (the attempt of the run's assignment)",
+            ),
+            Err(_) => v.add(
+                format!("hello.held_runs[{i}].agent_id"),
+                format!("\"{}\" is not an agent id", truncate(&run.agent_id)),
+            ),
+        }
+    }
     v.finish(())?;
     let name = if hello.name.is_empty() {
         "(unnamed)".into()
     } else {
         hello.name.into()
     };
-    Ok(WorkerInfo {
+    let info = WorkerInfo {
         name,
         agents,
         capacity: hello.capacity,
         labels: hello.labels.into_iter().collect(),
-    })
+    };
+    Ok((info, held))
 }
 
 fn known_list(names: &[String]) -> String {

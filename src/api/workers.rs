@@ -50,13 +50,13 @@ impl WorkerService for WorkerServiceImpl {
                 "the stream ended before the worker's `hello`",
             ))
         })?;
-        let hello = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        let (hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
         let name = hello.name.clone();
         let agents = hello.agents.join(",");
         let capacity = hello.capacity;
         let (commands, outbound) = tokio::sync::mpsc::unbounded_channel();
-        let worker_id = self.scheduler.register_worker(hello, commands);
-        info!(%worker_id, %name, %agents, capacity, "worker connected");
+        let worker_id = self.scheduler.register_worker(hello, commands, &held);
+        info!(%worker_id, %name, %agents, capacity, held = held.len(), "worker connected");
         let session = Session {
             scheduler: self.scheduler.clone(),
             worker_id,

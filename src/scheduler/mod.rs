@@ -34,7 +34,7 @@ pub use self::core::{
 pub use error::{Error, FieldViolation};
 pub use events::{Event, EventKind, Live, Progress, Received, SubscriberId, Subscription};
 pub use types::*;
-pub use workers::{Assignment, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
+pub use workers::{Assignment, HeldRun, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
 
 use crate::{
     config::{Config, RunnerKind},
@@ -373,8 +373,9 @@ impl Scheduler {
         &self,
         info: WorkerInfo,
         commands: tokio::sync::mpsc::UnboundedSender<WorkerCommand>,
+        held: &[HeldRun],
     ) -> WorkerId {
-        self.with_core(|c| c.register_worker(info, commands))
+        self.with_core(|c| c.register_worker(info, commands, held))
     }
 
     /// Agent types with `runner = "worker"` in the current config.

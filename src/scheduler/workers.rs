@@ -39,6 +39,15 @@ pub struct WorkerInfo {
     pub labels: BTreeMap<String, String>,
 }
 
+/// A run a reconnecting worker says it still holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRun {
+    /// The run's agent.
+    pub agent_id: AgentId,
+    /// The attempt its assignment carried.
+    pub attempt: u32,
+}
+
 /// What the server tells a worker.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerCommand {
@@ -189,6 +198,11 @@ impl WorkerPool {
         let mut held: Vec<AgentId> = worker.held.into_iter().collect();
         held.sort_unstable();
         Some((worker.info, held))
+    }
+
+    /// Whether a worker session is connected.
+    pub fn is_connected(&self, id: WorkerId) -> bool {
+        self.workers.contains_key(&id)
     }
 
     /// The agent types a worker serves.

@@ -12,6 +12,12 @@
 
     Worker("127.0.0.1:50051", agents=["coder"], capacity=4, handler=handle).run()
 
+With `reconnect_delay` set, a session the server ends (a restart, a network
+break) is opened again after that many seconds, for as long as it takes; runs
+keep going meanwhile, their reports wait, and the new session's hello names
+them (`held_runs`), so the server re-attaches each one it still has live and
+cancels the rest. Without it, `run()` returns when the session ends.
+
 Each assignment runs `handler(run)` on its own thread (at most `capacity` at
 once, which is what the server assigns). The handler's return value is the
 run's result; raising `RunFailed` (or any exception) fails the run. Blocking
@@ -193,6 +199,7 @@ class Worker:
         name: str = "",
         labels: Optional[Dict[str, str]] = None,
         channel: Optional[grpc.Channel] = None,
+        reconnect_delay: Optional[float] = None,
     ):
         self.target = target
         self.agents = list(agents)
@@ -201,6 +208,9 @@ class Worker:
         self.name = name
         self.labels = dict(labels or {})
         self._channel = channel
+        self.reconnect_delay = reconnect_delay
+        self._stopping = threading.Event()
+        self._send_lock = threading.Lock()
         self._outgoing: "queue.Queue[Optional[workers_pb2.ConnectRequest]]" = queue.Queue()
         self._runs: Dict[str, Run] = {}
         self._runs_lock = threading.Lock()
@@ -212,25 +222,32 @@ class Worker:
         self.worker_id = ""
 
     def run(self) -> None:
-        """Serves runs until `stop()` or the server ends the session. Raises
-        `grpc.RpcError` if the server refuses the hello (INVALID_ARGUMENT) or
-        the connection fails."""
+        """Serves runs until `stop()` or the server ends the session (with
+        `reconnect_delay`: until `stop()`). Raises `grpc.RpcError` if the
+        server refuses the hello (INVALID_ARGUMENT) or, without
+        `reconnect_delay`, the connection fails."""
         channel = self._channel or grpc.insecure_channel(self.target)
         stub = workers_pb2_grpc.WorkerServiceStub(channel)
-        self._outgoing.put(
-            workers_pb2.ConnectRequest(
-                hello=workers_pb2.WorkerHello(
-                    name=self.name, agents=self.agents, capacity=self.capacity, labels=self.labels
-                )
-            )
-        )
-        self._call = stub.Connect(self._requests())
         try:
-            for response in self._call:
-                self._dispatch(response)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise
+            while True:
+                try:
+                    self._session(stub)
+                except grpc.RpcError as e:
+                    code = e.code()
+                    if code == grpc.StatusCode.CANCELLED and self._stopping.is_set():
+                        return
+                    if self.reconnect_delay is None or code == grpc.StatusCode.INVALID_ARGUMENT:
+                        if code == grpc.StatusCode.CANCELLED:
+                            return
+                        raise
+                    log.warning("session ended (%s); reconnecting in %.1f s", code, self.reconnect_delay)
+                else:
+                    if self.reconnect_delay is None or self._stopping.is_set():
+                        return
+                    log.warning("session ended; reconnecting in %.1f s", self.reconnect_delay)
+                self.ready.clear()
+                if self._stopping.wait(self.reconnect_delay):
+                    return
         finally:
             self._outgoing.put(None)
             with self._runs_lock:
@@ -241,21 +258,60 @@ class Worker:
             if self._channel is None:
                 channel.close()
 
+    def _session(self, stub: workers_pb2_grpc.WorkerServiceStub) -> None:
+        """One session: the hello (naming the runs still held), then
+        commands until the stream ends. Reports made while no session was
+        open are sent after the hello."""
+        with self._runs_lock:
+            held = [workers_pb2.HeldRun(agent_id=r.id, attempt=r.agent.attempt) for r in self._runs.values()]
+        # A queue per session: the last session's request iterator may still
+        # be reading its own, and must not take this session's hello.
+        with self._send_lock:
+            previous, outgoing = self._outgoing, queue.Queue()
+            self._outgoing = outgoing
+        pending = []
+        while True:
+            try:
+                item = previous.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                pending.append(item)
+        previous.put(None)
+        outgoing.put(
+            workers_pb2.ConnectRequest(
+                hello=workers_pb2.WorkerHello(
+                    name=self.name,
+                    agents=self.agents,
+                    capacity=self.capacity,
+                    labels=self.labels,
+                    held_runs=held,
+                )
+            )
+        )
+        for item in pending:
+            outgoing.put(item)
+        self._call = stub.Connect(self._requests(outgoing))
+        for response in self._call:
+            self._dispatch(response)
+
     def stop(self) -> None:
         """Ends the session; the server treats the worker as gone."""
+        self._stopping.set()
         self._outgoing.put(None)
         if self._call is not None:
             self._call.cancel()
 
-    def _requests(self) -> Iterator[workers_pb2.ConnectRequest]:
+    def _requests(self, outgoing: "queue.Queue") -> Iterator[workers_pb2.ConnectRequest]:
         while True:
-            item = self._outgoing.get()
+            item = outgoing.get()
             if item is None:
                 return
             yield item
 
     def _send(self, event: workers_pb2.RunEvent) -> None:
-        self._outgoing.put(workers_pb2.ConnectRequest(event=event))
+        with self._send_lock:
+            self._outgoing.put(workers_pb2.ConnectRequest(event=event))
 
     def _dispatch(self, response: workers_pb2.ConnectResponse) -> None:
         kind = response.WhichOneof("message")

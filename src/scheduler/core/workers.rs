@@ -2,14 +2,20 @@
 //! fail or retry), its reports about runs, and the cancel-grace timers
 //! that free a stopped run's capacity.
 
-use std::time::Duration;
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
-use super::Core;
+use tokio_util::sync::CancellationToken;
+
+use super::{Core, RunControl, RunProgress, RunStart};
 use crate::config::RunnerKind;
 use crate::scheduler::{
+    inbox::steer_inbox,
     queue::Dirty,
     types::*,
-    workers::{WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
+    workers::{HeldRun, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
 };
 
 impl Core {
@@ -21,18 +27,108 @@ impl Core {
 
     /// Registers a connected worker; queued agents of its types may start
     /// at once.
+    ///
+    /// `held` are the runs it says it still holds (it reconnected, or the
+    /// server restarted): each that is live here on one of its agent types
+    /// with the same attempt and no connected worker re-attaches to it, and
+    /// takes its capacity before anything new is assigned; the worker is
+    /// told to stop each other one.
     pub fn register_worker(
         &mut self,
         info: WorkerInfo,
         commands: tokio::sync::mpsc::UnboundedSender<WorkerCommand>,
+        held: &[HeldRun],
     ) -> WorkerId {
         let mut dirty = Dirty::default();
         for agent_type in &info.agents {
             dirty.worker_type(agent_type);
         }
         let id = self.workers.register(info, commands);
+        for run in held {
+            if !self.reattach(id, *run) {
+                self.workers.send(
+                    id,
+                    WorkerCommand::Cancel {
+                        agent_id: run.agent_id,
+                        reason: format!(
+                            "the server has no live run of agent {} at attempt {} for this \
+                             worker (it ended, was retried, or is unknown)",
+                            run.agent_id, run.attempt
+                        ),
+                    },
+                );
+            }
+        }
         self.drain(dirty);
         id
+    }
+
+    /// Re-attaches `run` to `worker` if it matches a live worker run that
+    /// no connected worker holds. The run gets fresh controls (commands
+    /// reach it again) and a deadline watch for what is left of its
+    /// timeout; no new assignment is sent.
+    fn reattach(&mut self, worker: WorkerId, run: HeldRun) -> bool {
+        let Some(rec) = self.agents.get(&run.agent_id) else {
+            return false;
+        };
+        let serves = self
+            .workers
+            .agents_of(worker)
+            .iter()
+            .any(|t| **t == *rec.view.agent);
+        let orphaned = rec
+            .view
+            .worker_id
+            .is_none_or(|w| !self.workers.is_connected(w));
+        let live = matches!(
+            rec.view.status,
+            AgentStatus::Running | AgentStatus::AwaitingApproval
+        );
+        if !(rec.runner == RunnerKind::Worker
+            && serves
+            && orphaned
+            && live
+            && rec.view.attempt == run.attempt)
+        {
+            return false;
+        }
+        let id = run.agent_id;
+        self.workers.hold(worker, id);
+        let rec = self.agents.get_mut(&id).expect("checked above");
+        rec.view.worker_id = Some(worker);
+        let (steer, inbox) = steer_inbox();
+        let progress = Arc::new(RunProgress::new());
+        let cancel = CancellationToken::new();
+        rec.run = Some(Box::new(RunControl {
+            cancel: cancel.clone(),
+            steer,
+            output: String::new(),
+            approval: None,
+            decision: None,
+            last_call: None,
+            identical_calls: 0,
+            progress: progress.clone(),
+        }));
+        let ran = rec
+            .view
+            .started_at
+            .and_then(|s| SystemTime::now().duration_since(s).ok())
+            .unwrap_or_default();
+        let start = RunStart {
+            agent: rec.view.clone(),
+            runner: rec.runner,
+            prompt: rec.prompt.clone().unwrap_or_else(|| "".into()),
+            steer: inbox,
+            cancel,
+            timeout: rec.timeout.saturating_sub(ran),
+            agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
+            traceparent: rec.trace_context().traceparent().into(),
+            progress,
+            stale_timeout: self.runs.stale_timeout,
+        };
+        self.starts.push(start);
+        self.changed(id);
+        true
     }
 
     /// The agent types served by workers, for validating a hello: every
