@@ -1,7 +1,12 @@
 # subagentd container image.
 #
 #   docker build -t subagentd:0.1.0 .
-#   docker run --rm -p 50051:50051 -p 9464:9464 subagentd:0.1.0
+#   docker run --rm -p 50051:50051 -p 9464:9464 \
+#     -v subagentd-data:/var/lib/subagentd subagentd:0.1.0
+#
+# Durable state (the embedded store, [store] in deploy/config/container.toml)
+# lives in the volume /var/lib/subagentd: give it a named volume (as above) or
+# a PersistentVolumeClaim, or it is lost with the container.
 #
 # The build step is the one CI runs (`cargo build --release --locked`), so
 # what CI proves is what the image contains. Checked by `bash .ci/deploy-checks.sh`
@@ -50,11 +55,15 @@ LABEL org.opencontainers.image.title="subagentd" \
       org.opencontainers.image.version="0.1.0"
 
 # A fixed numeric non-root user (Kubernetes' runAsNonRoot can only verify a
-# numeric USER). Its home is /tmp, the one writable place when the root
-# filesystem is read-only (the Helm chart mounts an emptyDir there).
+# numeric USER). Its home is /tmp, writable scratch space when the root
+# filesystem is read-only (the Helm chart mounts an emptyDir there). The
+# embedded store's data directory /var/lib/subagentd belongs to it, mode 0700:
+# a volume mounted there starts with this owner (Docker copies it into a new
+# named volume; the Helm chart sets fsGroup 10001 for a PersistentVolumeClaim).
 RUN groupadd --system --gid 10001 subagentd \
     && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home \
-       --shell /usr/sbin/nologin subagentd
+       --shell /usr/sbin/nologin subagentd \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/subagentd
 
 # CA roots for programs that command runners start (the server itself carries
 # its own roots for the openai runner). Copied instead of installed, so the
@@ -62,6 +71,10 @@ RUN groupadd --system --gid 10001 subagentd \
 COPY --from=builder /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=builder /out/subagentd /usr/local/bin/subagentd
 COPY deploy/config/container.toml /etc/subagentd/config.toml
+
+# Declared after the directory is made and owned, so a new volume starts with
+# its owner and mode. Only one server may open the store at a time (a file lock).
+VOLUME ["/var/lib/subagentd"]
 
 USER 10001:10001
 # Runs without `cwd` start here; /tmp is writable.

@@ -4,12 +4,15 @@
 #
 # Installs its tools from scratch into .ci/tools/ (gitignored), every version
 # pinned below, then checks the Dockerfile (hadolint), the Helm chart
-# helm/subagentd with its default values and with ci/all-on-values.yaml
-# (helm lint --strict; helm template | kubernetes-validate --strict; the
-# ServiceMonitor against prometheus-operator's schema; yamllint; the values
-# against values.schema.json; NOTES.txt), that bad values fail with a message
+# helm/subagentd with each values file of RENDERS below (the defaults,
+# ci/all-on-values.yaml, the two PostgreSQL variants, persistence off, an
+# existing claim, the memory store): helm lint --strict; helm template |
+# kubernetes-validate --strict; the ServiceMonitor against
+# prometheus-operator's schema; yamllint; the values against
+# values.schema.json; NOTES.txt. Then that bad values fail with a message
 # naming the field, the chart's invariants (one replica, Recreate, grace
-# period, probes, security, secrets, config checksum), and, when
+# period, probes, security, secrets, the store's volume or Secret, no
+# password in a ConfigMap, config checksum), and, when
 # target/debug/subagentd exists, that each rendered config.toml is a valid
 # config for the real binary (`serve --dump-config`).
 # One line per check; on a failure, the tool's output and a non-zero exit.
@@ -145,20 +148,33 @@ check "tools installed in $TOOLS: helm $HELM_VERSION, hadolint $HADOLINT_VERSION
 check "hadolint Dockerfile" "$VENV/hadolint" Dockerfile
 
 # --- Helm: lint, render, validate ------------------------------------------------
-RENDER_DEFAULT="$WORK/render-default.yaml"
+# Small variants, written here (the chart's ci/ folder holds the full ones).
+printf 'persistence:\n  enabled: false\n  size: 512Mi\n' >"$WORK/values-ephemeral.yaml"
+printf 'persistence:\n  existingClaim: subagentd-state\n  storageClass: "-"\n' >"$WORK/values-existing-claim.yaml"
+printf 'store:\n  backend: memory\n' >"$WORK/values-memory.yaml"
+
+# Each render: ID|what it shows|values file ("" = the defaults only).
+RENDERS=(
+  "default|default values|"
+  "all-on|all-on values|$ALL_ON"
+  "postgres|PostgreSQL, password file from a Secret|$CHART/ci/postgres-values.yaml"
+  "postgres-url|PostgreSQL, URL from a Secret|$CHART/ci/postgres-url-secret-values.yaml"
+  "ephemeral|persistence off: emptyDir|$WORK/values-ephemeral.yaml"
+  "existing-claim|existing claim|$WORK/values-existing-claim.yaml"
+  "memory|memory store|$WORK/values-memory.yaml"
+)
 RENDER_ALL_ON="$WORK/render-all-on.yaml"
+# The values files that are part of the repository (yamllint, check-jsonschema).
+VALUES_FILES=("$CHART/values.yaml" "$ALL_ON" "$CHART/ci/postgres-values.yaml" "$CHART/ci/postgres-url-secret-values.yaml")
 
-check "helm lint --strict (default values)" "$HELM" lint --strict "$CHART"
-check "helm lint --strict (all-on values)" "$HELM" lint --strict "$CHART" -f "$ALL_ON"
-
+values_args() { # FILE: helm's -f for it, nothing for the defaults
+  if [ -n "$1" ]; then printf '%s\n' -f "$1"; fi
+}
 render() { # OUT [helm args...]
   local out="$1"
   shift
   "$HELM" template subagentd "$CHART" --namespace agents "$@" >"$out"
 }
-check "helm template (default values)" render "$RENDER_DEFAULT"
-check "helm template (all-on values)" render "$RENDER_ALL_ON" -f "$ALL_ON"
-
 # kubernetes-validate skips kinds it has no schema for (with a warning): only
 # the ServiceMonitor may be skipped, and it is checked on its own below.
 kube_validate() { # FILE
@@ -168,8 +184,21 @@ kube_validate() { # FILE
     return 1
   fi
 }
-check "kubernetes-validate --strict, Kubernetes $KUBERNETES_VERSION (default values)" kube_validate "$RENDER_DEFAULT"
-check "kubernetes-validate --strict, Kubernetes $KUBERNETES_VERSION (all-on values)" kube_validate "$RENDER_ALL_ON"
+
+for r in "${RENDERS[@]}"; do
+  IFS='|' read -r id what file <<<"$r"
+  mapfile -t args < <(values_args "$file")
+  check "helm lint --strict ($what)" "$HELM" lint --strict "$CHART" "${args[@]}"
+done
+for r in "${RENDERS[@]}"; do
+  IFS='|' read -r id what file <<<"$r"
+  mapfile -t args < <(values_args "$file")
+  check "helm template ($what)" render "$WORK/render-$id.yaml" "${args[@]}"
+done
+for r in "${RENDERS[@]}"; do
+  IFS='|' read -r id what file <<<"$r"
+  check "kubernetes-validate --strict, Kubernetes $KUBERNETES_VERSION ($what)" kube_validate "$WORK/render-$id.yaml"
+done
 
 service_monitor() {
   "$PY" - "$RENDER_ALL_ON" >"$WORK/servicemonitor.json" <<'EOF'
@@ -192,21 +221,37 @@ EOF
 }
 check "ServiceMonitor valid against prometheus-operator's monitoring.coreos.com/v1 schema (all-on values)" service_monitor
 
-check "yamllint --strict: rendered manifests and values files" \
-  "$VENV/yamllint" --strict -c "$YAMLLINT_CONFIG" -f parsable \
-  "$RENDER_DEFAULT" "$RENDER_ALL_ON" "$CHART/values.yaml" "$ALL_ON"
+check "yamllint --strict: rendered manifests (${#RENDERS[@]} renders) and values files" \
+  "$VENV/yamllint" --strict -c "$YAMLLINT_CONFIG" -f parsable "$WORK"/render-*.yaml "${VALUES_FILES[@]}"
 
 check "check-jsonschema: values.schema.json is valid draft-07" \
   "$VENV/check-jsonschema" --check-metaschema "$CHART/values.schema.json"
-check "check-jsonschema: values.yaml and ci/all-on-values.yaml against values.schema.json" \
-  "$VENV/check-jsonschema" --schemafile "$CHART/values.schema.json" "$CHART/values.yaml" "$ALL_ON"
+check "check-jsonschema: values.yaml and ci/*-values.yaml against values.schema.json" \
+  "$VENV/check-jsonschema" --schemafile "$CHART/values.schema.json" "${VALUES_FILES[@]}"
 
-notes() { # [helm args...]
+notes() { # EXPECTED [helm args...]
+  local expected="$1"
+  shift
   "$HELM" install subagentd "$CHART" --namespace agents --dry-run=client "$@" >"$WORK/notes.txt"
-  grep -q "terminationGracePeriodSeconds: [0-9]" "$WORK/notes.txt"
+  grep -q "terminationGracePeriodSeconds: [0-9]" "$WORK/notes.txt" || { echo "no terminationGracePeriodSeconds"; return 1; }
+  grep -qF -- "$expected" "$WORK/notes.txt" || { cat "$WORK/notes.txt"; echo "NOTES.txt does not say: $expected"; return 1; }
 }
-notes_both() { notes && notes -f "$ALL_ON"; }
-check "NOTES.txt renders (helm install --dry-run=client, default and all-on values)" notes_both
+notes_all() {
+  local r id what file expected
+  for r in "${RENDERS[@]}"; do
+    IFS='|' read -r id what file <<<"$r"
+    case "$id" in
+      default | all-on) expected="Store: embedded, /var/lib/subagentd/subagentd.redb on the PersistentVolumeClaim" ;;
+      postgres*) expected="Store: PostgreSQL" ;;
+      ephemeral) expected="ALL STATE IS LOST" ;;
+      existing-claim) expected="subagentd-state. State survives restarts" ;;
+      memory) expected="Store: memory. Nothing is kept" ;;
+    esac
+    mapfile -t args < <(values_args "$file")
+    notes "$expected" "${args[@]}" || { echo "($what)"; return 1; }
+  done
+}
+check "NOTES.txt renders and names the store (helm install --dry-run=client, every render)" notes_all
 
 # --- Bad values fail, naming the field ----------------------------------------------
 # NAME|expected text in helm's message|values YAML (\n for line breaks)
@@ -221,6 +266,16 @@ BAD_CASES=(
   'ServiceMonitor without metrics|/metrics/enabled|metrics:\n  enabled: false\nserviceMonitor:\n  enabled: true'
   'duration without a unit|/runs/defaultTimeout|runs:\n  defaultTimeout: "30"'
   'prompt: arg without a {prompt} argument|/agents/coder/command|agents:\n  coder:\n    runner: command\n    command: [my-agent]\n    prompt: arg'
+  'replicaCount 3 (one replica until HA)|maximum: got 3, want 1|replicaCount: 3'
+  'store backend "sqlite"|/store/backend|store:\n  backend: sqlite'
+  'postgres without a url or urlSecret|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    existingSecret: pg'
+  'a password in the postgres url|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    url: postgres://sa:not-a-password@db/sa'
+  'a password parameter in the postgres url|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    url: postgres://sa@db/sa?sslmode=require&password=x'
+  'a non-postgres url|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    url: mysql://sa@db/sa'
+  'a password key in store values|additional properties '"'"'password'"'"'|store:\n  backend: postgres\n  postgres:\n    url: postgres://sa@db/sa\n    password: not-a-password'
+  'poolSize 0|/store/postgres/poolSize|store:\n  postgres:\n    poolSize: 0'
+  'ReadWriteMany data volume|/persistence/accessMode|persistence:\n  accessMode: ReadWriteMany'
+  'persistence size without a quantity|/persistence/size|persistence:\n  size: big'
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out
@@ -248,10 +303,11 @@ done
 # --- Chart invariants -----------------------------------------------------------------
 invariants() { # RENDERED VALUES... (merged left to right over values.yaml)
   "$PY" - "$@" <<'EOF'
-import re, sys, tomllib, yaml
+import os, re, sys, tomllib, yaml
 
 rendered, value_files = sys.argv[1], sys.argv[2:]
-docs = {d["kind"]: d for d in yaml.safe_load_all(open(rendered)) if d}
+all_docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
+docs = {d["kind"]: d for d in all_docs}
 
 def merge(a, b):
     out = dict(a)
@@ -308,12 +364,83 @@ for name, agent in values["agents"].items():
              and ref["key"] == agent["apiKeySecret"]["key"], f"agent {name}: {var} from its Secret")
 need("Secret" not in docs, "the chart must not create Secrets")
 need(pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False, "pod token/links")
+
+# The store: [store] follows store.*; the embedded store's data dir is a mount
+# (the root filesystem is read-only); PostgreSQL credentials come from Secrets.
+store, st, pers = values["store"], config["store"], values["persistence"]
+backend, pg = store["backend"], store["postgres"]
+pvcs = [d for d in all_docs if d["kind"] == "PersistentVolumeClaim"]
+DATA = "/var/lib/subagentd"
+need(st["backend"] == backend, "[store] backend follows store.backend")
+if backend == "embedded":
+    need(st["path"] == DATA, f"[store] path must be {DATA}")
+    need(DATA in mounts, f"{DATA} must be a mount")
+    vol = vols[mounts[DATA]]
+    if pers["enabled"]:
+        claim = pers["existingClaim"] or f"{dep['metadata']['name']}-data"
+        need(vol.get("persistentVolumeClaim", {}).get("claimName") == claim, f"{DATA} on the claim {claim}")
+        if pers["existingClaim"]:
+            need(not pvcs, "no PersistentVolumeClaim of the chart's own with existingClaim")
+        else:
+            (pvc,) = pvcs
+            need(pvc["metadata"]["name"] == claim, "the chart's PersistentVolumeClaim is the one mounted")
+            need(pvc["spec"]["accessModes"] == [pers["accessMode"]], "claim access mode")
+            need(pvc["spec"]["resources"]["requests"]["storage"] == pers["size"], "claim size")
+            want = {"": None, "-": ""}.get(pers["storageClass"], pers["storageClass"])
+            need(pvc["spec"].get("storageClassName") == want, "claim storageClassName")
+            need(pvc["metadata"].get("annotations", {}) == pers["annotations"], "claim annotations")
+        need(psc.get("fsGroup") == 10001, "fsGroup 10001: the claim is writable by the image's user")
+    else:
+        need("emptyDir" in vol and not pvcs, f"persistence off: {DATA} is an emptyDir, no claim")
+else:
+    need(not pvcs and DATA not in mounts, f"backend {backend}: no data volume, no claim")
+url_env = env.get("SUBAGENTD_STORE__URL")
+if backend == "postgres":
+    need(st.get("url") or url_env, "postgres: a url in the config or SUBAGENTD_STORE__URL")
+    need(st["pool_size"] == pg["poolSize"], "[store] pool_size follows store.postgres.poolSize")
+    if pg["existingSecret"]:
+        pf = st["password_file"]
+        d = os.path.dirname(pf)
+        vol = vols[mounts[d]]
+        need(vol["secret"]["secretName"] == pg["existingSecret"]
+             and vol["secret"]["items"] == [{"key": pg["passwordKey"], "path": os.path.basename(pf)}]
+             and vol["secret"]["defaultMode"] & 0o007 == 0,
+             "password_file: the Secret's key, not readable by others")
+        need([m for m in c["volumeMounts"] if m["mountPath"] == d][0].get("readOnly") is True, "password mount read-only")
+        need(psc.get("fsGroup") == 10001, "fsGroup 10001: the password file is readable by the image's user")
+    else:
+        need("password_file" not in st, "no password_file without existingSecret")
+    if pg["urlSecret"]:
+        ref = url_env["valueFrom"]["secretKeyRef"]
+        need("value" not in url_env and ref == {"name": pg["urlSecret"], "key": pg["urlKey"]},
+             "SUBAGENTD_STORE__URL from its Secret")
+    else:
+        need(url_env is None, "no SUBAGENTD_STORE__URL without urlSecret")
+else:
+    need("url" not in st and "password_file" not in st and url_env is None, f"backend {backend}: no PostgreSQL keys")
+# No password in any ConfigMap or plain env value, however it would be written.
+texts = [(f"ConfigMap {d['metadata']['name']} {k}", v) for d in all_docs if d["kind"] == "ConfigMap"
+         for k, v in (d.get("data") or {}).items()]
+texts += [(f"env {e['name']}", str(e["value"])) for e in c.get("env", []) if "value" in e]
+for where, text in texts:
+    need(not re.search(r"://[^/?#@\s\"]*:[^/?#@\s\"]*@", text), f"{where}: a password in a URL")
+    need(not re.search(r"[?&][Pp][Aa][Ss][Ss][Ww][Oo][Rr][Dd]=", text), f"{where}: a password= parameter")
+    need(not re.search(r"(?im)^\s*password\s*=", text), f"{where}: a password key")
 EOF
 }
-check "invariants (default values): 1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports" \
-  invariants "$RENDER_DEFAULT" "$CHART/values.yaml"
-check "invariants (all-on values): same, plus API keys from Secrets under api_key_env" \
-  invariants "$RENDER_ALL_ON" "$CHART/values.yaml" "$ALL_ON"
+for r in "${RENDERS[@]}"; do
+  IFS='|' read -r id what file <<<"$r"
+  case "$id" in
+    default) about="1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports, a PersistentVolumeClaim at /var/lib/subagentd, no password in the ConfigMap" ;;
+    all-on) about="same, plus API keys from Secrets under api_key_env, the claim's class, mode and annotations" ;;
+    postgres) about="no claim, password_file from the Secret, mounted read-only, no password in the ConfigMap" ;;
+    postgres-url) about="no claim, SUBAGENTD_STORE__URL from the Secret, no password in the ConfigMap" ;;
+    ephemeral) about="an emptyDir at /var/lib/subagentd, no claim" ;;
+    existing-claim) about="the existing claim at /var/lib/subagentd, no claim of its own" ;;
+    memory) about="no data volume, no claim" ;;
+  esac
+  check "invariants ($what): $about" invariants "$WORK/render-$id.yaml" "$CHART/values.yaml" ${file:+"$file"}
+done
 
 config_rolls() {
   local a b
@@ -333,25 +460,50 @@ import sys, yaml
 sys.stdout.write(cm["data"]["config.toml"])
 EOF
 }
+# What the urlSecret's Secret would hand the server, as its variable.
+SECRET_URL="postgres://subagentd:not-a-real-password@postgres.databases.svc:5432/subagentd"
 dump_config() { # CONFIG VALUES...
-  local config="$1"
+  local config="$1" extra=()
   shift
+  # The variable that urlSecret sets in the pod, with a stand-in value.
+  if [ $# -gt 0 ] && grep -q "urlSecret: [^\"]" "$@"; then extra=("SUBAGENTD_STORE__URL=$SECRET_URL"); fi
   # A clean environment: SUBAGENTD_* and OTEL_* variables would override the file.
-  env -i PATH=/usr/bin:/bin "$BINARY" serve --config "$config" --dump-config >"$WORK/dump.toml" || return 1
-  "$PY" - "$WORK/dump.toml" "$@" <<'EOF'
-import re, sys, tomllib, yaml
-dump = tomllib.load(open(sys.argv[1], "rb"))
+  env -i PATH=/usr/bin:/bin "${extra[@]}" "$BINARY" serve --config "$config" --dump-config >"$WORK/dump.toml" || return 1
+  SECRET_URL="$SECRET_URL" "$PY" - "$WORK/dump.toml" "$@" <<'EOF'
+import os, re, sys, tomllib, yaml
+dump_text = open(sys.argv[1]).read()
+dump = tomllib.loads(dump_text)
+def merge(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 values = {}
 for f in sys.argv[2:]:
-    for k, v in (yaml.safe_load(open(f)) or {}).items():
-        values[k] = {**values[k], **v} if isinstance(v, dict) and isinstance(values.get(k), dict) else v
+    values = merge(values, yaml.safe_load(open(f)) or {})
 def need(cond, msg):
     if not cond:
         sys.exit(f"effective config: {msg}")
 need(dump["server"]["listen"] == "0.0.0.0:50051", "server.listen")
 need(dump["telemetry"]["metrics_listen"] == "0.0.0.0:9464", "telemetry.metrics_listen")
-if not values:  # deploy/config/container.toml
+st = dump["store"]
+if not values:  # deploy/config/container.toml: the embedded store in the image's VOLUME
+    need(st["backend"] == "embedded" and st["path"] == "/var/lib/subagentd", "store: embedded in /var/lib/subagentd")
     sys.exit(0)
+store, pg = values["store"], values["store"]["postgres"]
+need(st["backend"] == store["backend"], "store.backend")
+if store["backend"] == "embedded":
+    need(st["path"] == "/var/lib/subagentd", "store.path")
+if store["backend"] == "postgres":
+    need(st["pool_size"] == pg["poolSize"], "store.pool_size")
+    need(st.get("password_file") == ("/var/run/secrets/subagentd/postgres/password" if pg["existingSecret"] else None),
+         "store.password_file")
+    if pg["urlSecret"]:  # the variable wins over the file, and its password is never shown
+        secret = os.environ["SECRET_URL"]
+        need(st["url"] == secret.replace(":not-a-real-password@", ":***@"), f"store.url from the variable: {st['url']}")
+        need("not-a-real-password" not in dump_text, "--dump-config shows the password")
+    else:
+        need(st["url"] == pg["url"], "store.url")
 def seconds(d):  # humantime as --dump-config prints it, e.g. "1m 30s"
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
     return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)\s*(ms|s|m|h|d)", d))
@@ -368,12 +520,12 @@ for name, agent in values["agents"].items():
 EOF
 }
 if [ -x "$BINARY" ]; then
-  extract_config "$RENDER_DEFAULT" "$WORK/config-default.toml"
-  extract_config "$RENDER_ALL_ON" "$WORK/config-all-on.toml"
-  check "$BINARY serve --dump-config accepts the rendered config.toml (default values)" \
-    dump_config "$WORK/config-default.toml" "$CHART/values.yaml"
-  check "$BINARY serve --dump-config accepts the rendered config.toml (all-on values)" \
-    dump_config "$WORK/config-all-on.toml" "$CHART/values.yaml" "$ALL_ON"
+  for r in "${RENDERS[@]}"; do
+    IFS='|' read -r id what file <<<"$r"
+    extract_config "$WORK/render-$id.yaml" "$WORK/config-$id.toml"
+    check "$BINARY serve --dump-config accepts the rendered config.toml ($what)" \
+      dump_config "$WORK/config-$id.toml" "$CHART/values.yaml" ${file:+"$file"}
+  done
   check "$BINARY serve --dump-config accepts the image's deploy/config/container.toml" \
     dump_config deploy/config/container.toml
 else

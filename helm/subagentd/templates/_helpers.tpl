@@ -72,6 +72,18 @@ Called with (list $name $agent).
 {{- end }}
 
 {{/*
+Fixed paths: the embedded store's data directory (the image's VOLUME) and the
+directory of the PostgreSQL password file (a Secret volume).
+*/}}
+{{- define "subagentd.dataDir" -}}/var/lib/subagentd{{- end }}
+{{- define "subagentd.postgresSecretDir" -}}/var/run/secrets/subagentd/postgres{{- end }}
+
+{{/* The PersistentVolumeClaim of the embedded store: existingClaim or the chart's own. */}}
+{{- define "subagentd.dataClaimName" -}}
+{{- default (printf "%s-data" (include "subagentd.fullname" .)) .Values.persistence.existingClaim }}
+{{- end }}
+
+{{/*
 terminationGracePeriodSeconds: shutdown grace + the longest command kill
 grace (5 s, the server's default, when none is set) + margin.
 */}}
@@ -180,6 +192,25 @@ history = {{ include "subagentd.tomlInt" .history }}
 {{- end }}
 {{- if hasKey . "subscriberBuffer" }}
 subscriber_buffer = {{ include "subagentd.tomlInt" .subscriberBuffer }}
+{{- end }}
+{{- end }}
+
+[store]
+backend = {{ include "subagentd.tomlString" $v.store.backend }}
+{{- if eq (toString $v.store.backend) "embedded" }}
+path = "{{ include "subagentd.dataDir" . }}"
+{{- end }}
+{{- if eq (toString $v.store.backend) "postgres" }}
+{{- with $v.store.postgres }}
+{{- if .url }}
+url = {{ include "subagentd.tomlString" .url }}
+{{- end }}
+{{- if .existingSecret }}
+password_file = "{{ include "subagentd.postgresSecretDir" $ }}/password"
+{{- end }}
+{{- if hasKey . "poolSize" }}
+pool_size = {{ include "subagentd.tomlInt" .poolSize }}
+{{- end }}
 {{- end }}
 {{- end }}
 
