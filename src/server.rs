@@ -349,6 +349,19 @@ async fn recover(
     })
     .context("starting the store writer")?;
     scheduler.attach_durability(writer.durability());
+    // Programs of command runs may have outlived a SIGKILL of the server:
+    // stop them before their runs are decided, so no two copies overlap.
+    let mut stopped_programs = 0;
+    for (id, agent_type, group) in std::mem::take(&mut report.process_groups) {
+        let grace = config
+            .agents
+            .get(&*agent_type)
+            .map_or(crate::config::DEFAULT_KILL_GRACE, |t| t.kill_grace());
+        if crate::runner::command::stop_orphaned_group(group, grace).await {
+            info!(agent_id = %id, pgid = group.pgid, "stopped a command run's program that outlived the server");
+            stopped_programs += 1;
+        }
+    }
     scheduler.recover_runs(&mut report, config.runs.worker_reattach_grace);
     info!(
         store = %described,
@@ -357,6 +370,7 @@ async fn recover(
         failed = report.failed,
         retried = report.retried,
         held_for_workers = report.held_for_workers.len(),
+        stopped_programs,
         events = report.events,
         took_ms = started.elapsed().as_millis() as u64,
         "store opened and state recovered"

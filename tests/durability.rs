@@ -427,3 +427,79 @@ async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_
     assert_eq!(lost.error.unwrap().code, "WORKER_LOST");
     assert_eq!(server.stop().await.code(), Some(0));
 }
+
+/// Whether `pid` is gone or a zombie nobody reaped (dead either way).
+fn dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat[stat.rfind(')').unwrap() + 1..]
+            .trim_start()
+            .starts_with('Z'),
+    }
+}
+
+/// Issue 13 §4: a command run's process group outlives a SIGKILL of the
+/// server; the next start stops it (SIGTERM, ignored here, then SIGKILL
+/// after `kill_grace`) before it serves, and the run fails
+/// SERVER_RESTARTED.
+#[tokio::test]
+async fn a_program_that_outlived_a_sigkill_is_stopped_at_recovery() {
+    let Some(store) = Store::new("embedded").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; echo ready; while true; do sleep 1; done",
+        pidfile.display()
+    );
+    let toml = format!(
+        "{}[agents.prog]\nrunner = \"command\"\ncommand = [\"sh\", \"-c\", {script:?}]\nkill_grace = \"300ms\"\n",
+        store.config()
+    );
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let mut watch = client
+        .watch_agents(pb::WatchAgentsRequest {
+            include_progress: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let agent = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "prog".into(),
+            ..common::bg("acme/m", "run")
+        },
+    )
+    .await;
+    // "ready" is printed after the pid file is written.
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("the program's output")
+            .unwrap()
+            .unwrap();
+        if event.kind == pb::AgentEventKind::Output as i32 {
+            break;
+        }
+    }
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+    assert!(!dead(pid), "the program outlives the server");
+
+    let server = ChildServer::start(&toml, &[]).await;
+    assert!(dead(pid), "recovery stopped the program before serving");
+    let mut client = server.client().await;
+    let failed = common::status_of(&mut client, &agent.id).await;
+    assert_eq!(common::status(&failed), pb::AgentStatus::Failed);
+    assert_eq!(failed.error.unwrap().code, "SERVER_RESTARTED");
+    assert_eq!(server.stop().await.code(), Some(0));
+}

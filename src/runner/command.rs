@@ -32,7 +32,7 @@ use tracing::{debug, warn};
 
 use super::{Run, RunOutcome, Runner};
 use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
-use crate::scheduler::AgentError;
+use crate::scheduler::{durable::ProcessGroup, AgentError};
 
 /// Bytes of standard error kept for the failure message.
 pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
@@ -128,6 +128,14 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
     // From here on, however this future ends (finished, or dropped on
     // cancel or deadline), the group is stopped.
     let mut group = GroupGuard::new(&child, cfg.kill_grace(), groups);
+    if let Some(pgid) = group.pgid {
+        // Recorded with the run, so a restart after a crash of the server
+        // can stop a program that outlived it.
+        if let Some(start_ticks) = start_ticks(pgid) {
+            run.reporter
+                .process_group(ProcessGroup { pgid, start_ticks });
+        }
+    }
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -443,6 +451,45 @@ impl Drop for GroupGuard {
     }
 }
 
+/// The start time of process `pid` (`/proc/PID/stat` field 22, in clock
+/// ticks since boot); None if it is gone.
+fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 2 (the command) is in parentheses and may hold anything: the
+    // fields after it start after the last ')'; starttime is the 20th.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// At recovery: stops a command run's process group that outlived a crash
+/// of the server — SIGTERM, then SIGKILL once `grace` passes — unless it is
+/// gone or its pid now belongs to another process. Returns whether it was
+/// still there.
+pub async fn stop_orphaned_group(group: ProcessGroup, grace: Duration) -> bool {
+    if group_gone(group.pgid) {
+        return false;
+    }
+    // The leader still runs: it must be the same process (a pid can be
+    // reused once its group is gone). A leader that exited leaves its pid
+    // reserved while the group lives, so a group without a leader is ours.
+    if let Some(ticks) = start_ticks(group.pgid) {
+        if ticks != group.start_ticks {
+            return false;
+        }
+    }
+    signal_group(group.pgid, Signal::SIGTERM);
+    let kill_at = tokio::time::Instant::now() + grace;
+    while !group_gone(group.pgid) {
+        if tokio::time::Instant::now() >= kill_at {
+            signal_group(group.pgid, Signal::SIGKILL);
+            break;
+        }
+        // Polling a process we cannot wait for (it is not our child).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 /// Whether no process of the group is left.
 fn group_gone(pgid: i32) -> bool {
     killpg(Pid::from_raw(pgid), None) == Err(nix::errno::Errno::ESRCH)
@@ -459,6 +506,14 @@ fn signal_group(pgid: i32, signal: Signal) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_of_a_process_is_read_from_proc() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let ticks = start_ticks(me).expect("this process has a start time");
+        assert_eq!(start_ticks(me), Some(ticks), "stable");
+        assert_eq!(start_ticks(i32::MAX), None);
+    }
 
     #[test]
     fn output_is_capped_once_with_a_marker() {

@@ -30,6 +30,20 @@ pub struct AgentState {
     pub span_id: u64,
     /// Whether the run's trace is sampled.
     pub sampled: bool,
+    /// The process group of a live command run, so that recovery can stop
+    /// a program that outlived a crash of the server.
+    pub process_group: Option<ProcessGroup>,
+}
+
+/// A command run's process group, as the runner recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessGroup {
+    /// The group id (the program's pid; it leads the group).
+    pub pgid: i32,
+    /// The leader's start time (`/proc/PID/stat` field 22, clock ticks
+    /// since boot): tells the program from a later process given the same
+    /// pid.
+    pub start_ticks: u64,
 }
 
 /// The watch log's counters, durable beside the events.

@@ -769,6 +769,13 @@ impl RunReporter {
             .inspect_mut(|c| c.append_output(self.id, chunk));
     }
 
+    /// A command run's program runs as process group `group` (recorded,
+    /// so a restart can stop it).
+    pub fn process_group(&self, group: durable::ProcessGroup) {
+        self.scheduler
+            .inspect_mut(|c| c.record_process_group(self.id, group));
+    }
+
     /// Says the run is still working although it reports nothing (output
     /// past its cap, say), so it does not count as stale.
     pub fn still_working(&self) {

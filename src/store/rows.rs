@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::{
     config::RunnerKind,
     scheduler::{
-        durable::AgentState,
+        durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
         AgentError, AgentStatus, AgentView, Approval, Usage,
@@ -129,6 +129,10 @@ pub(super) struct AgentRow {
     span_id: u64,
     #[prost(bool, tag = "9")]
     sampled: bool,
+    #[prost(int32, optional, tag = "10")]
+    process_group: Option<i32>,
+    #[prost(uint64, tag = "11")]
+    process_start_ticks: u64,
 }
 
 /// One row of the `events` table (keyed by its sequence).
@@ -154,6 +158,8 @@ pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
         idempotency_key: state.idempotency_key.as_deref().map(str::to_owned),
         span_id: state.span_id,
         sampled: state.sampled,
+        process_group: state.process_group.map(|g| g.pgid),
+        process_start_ticks: state.process_group.map_or(0, |g| g.start_ticks),
     }
     .encode_to_vec()
 }
@@ -171,6 +177,10 @@ pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
         idempotency_key: row.idempotency_key.map(Arc::from),
         span_id: row.span_id,
         sampled: row.sampled,
+        process_group: row.process_group.map(|pgid| ProcessGroup {
+            pgid,
+            start_ticks: row.process_start_ticks,
+        }),
     })
 }
 
@@ -473,6 +483,10 @@ pub(crate) mod tests {
             idempotency_key: Some("key-1".into()),
             span_id: 0xdead_beef_0000_0001,
             sampled: true,
+            process_group: Some(ProcessGroup {
+                pgid: 4242,
+                start_ticks: 987_654,
+            }),
         }
     }
 
@@ -490,6 +504,7 @@ pub(crate) mod tests {
         bare.view.worker_id = None;
         bare.prompt = None;
         bare.idempotency_key = None;
+        bare.process_group = None;
         assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
     }
 

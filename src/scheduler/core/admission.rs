@@ -354,6 +354,7 @@ impl Core {
                 decision: None,
                 last_call: None,
                 identical_calls: 0,
+                process_group: None,
                 progress: Arc::new(RunProgress::new()),
             }));
             Some(rx)

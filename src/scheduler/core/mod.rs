@@ -108,6 +108,8 @@ struct RunControl {
     identical_calls: u32,
     /// When the run last reported anything, for `[runs] stale_timeout`.
     progress: Arc<RunProgress>,
+    /// A command run's process group, once the runner reported it.
+    process_group: Option<super::durable::ProcessGroup>,
 }
 
 /// The time of a run's last report, shared with the task that watches it

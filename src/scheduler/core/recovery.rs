@@ -8,12 +8,12 @@
 //! or FAILED `SERVER_RESTARTED` — are ordinary transitions, tracked like
 //! any other, so they reach the store as one batch and watchers see them.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use super::{Core, Record};
 use crate::config::RunnerKind;
 use crate::scheduler::{
-    durable::{AgentState, Recovered},
+    durable::{AgentState, ProcessGroup, Recovered},
     events::EventLog,
     queue::Dirty,
     state::Held,
@@ -35,6 +35,10 @@ pub struct RecoveryReport {
     pub held_for_workers: Vec<AgentId>,
     /// In-process runs that were live: [`Core::recover_runs`] decides.
     pub interrupted: Vec<AgentId>,
+    /// The recorded process groups of interrupted command runs, with their
+    /// agent type: stop them before deciding (they may have outlived a
+    /// SIGKILL of the server).
+    pub process_groups: Vec<(AgentId, Arc<str>, ProcessGroup)>,
     /// Retained lifecycle events.
     pub events: usize,
 }
@@ -72,6 +76,11 @@ impl Core {
         for state in agents {
             self.next_seq = self.next_seq.max(state.seq + 1);
             let (id, status) = (state.view.id, state.view.status);
+            if let (Some(group), false) = (state.process_group, status.is_terminal()) {
+                report
+                    .process_groups
+                    .push((id, state.view.agent.clone(), group));
+            }
             self.insert_restored(state)?;
             match status {
                 AgentStatus::Queued => report.queued += 1,
@@ -158,6 +167,7 @@ impl Core {
             idempotency_key,
             span_id,
             sampled,
+            process_group: _,
         } = state;
         let id = view.id;
         if self.agents.contains_key(&id) || self.order.contains_key(&seq) {

@@ -8,7 +8,7 @@ use foldhash::HashSet;
 
 use super::{Core, Record};
 use crate::scheduler::{
-    durable::{AgentState, ChangeSet, LogPosition},
+    durable::{AgentState, ChangeSet, LogPosition, ProcessGroup},
     events::Event,
     types::AgentId,
 };
@@ -109,6 +109,17 @@ impl Core {
         }
     }
 
+    /// A command run started its program as process group `group`: kept
+    /// with the run (and stored), so recovery can stop a program that
+    /// outlived the server.
+    pub fn record_process_group(&mut self, id: AgentId, group: ProcessGroup) {
+        let Some(run) = self.agents.get_mut(&id).and_then(|r| r.run.as_mut()) else {
+            return;
+        };
+        run.process_group = Some(group);
+        self.changed(id);
+    }
+
     /// Whether changes are tracked, and how many agents wait to be saved.
     pub fn unsaved_agents(&self) -> Option<usize> {
         self.unsaved.as_ref().map(|u| u.agents.len())
@@ -127,5 +138,6 @@ pub(super) fn state_of(rec: &Record) -> AgentState {
         idempotency_key: rec.idempotency_key.clone(),
         span_id: rec.span_id,
         sampled: rec.sampled,
+        process_group: rec.run.as_ref().and_then(|r| r.process_group),
     }
 }

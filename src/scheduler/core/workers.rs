@@ -107,6 +107,7 @@ impl Core {
             decision: None,
             last_call: None,
             identical_calls: 0,
+            process_group: None,
             progress: progress.clone(),
         }));
         let ran = rec
