@@ -1684,7 +1684,14 @@ fn run_model(initial: LimitsPick, ops: &[Op], entry_changes: EntryChanges) {
     h.finish_all();
 }
 
-fn config(cases: u32) -> ProptestConfig {
+/// `cases` random schedules, or `share` of `MODEL_CASES` when that is set
+/// (CI runs 10,000 in a release build; the default keeps `cargo test`
+/// quick).
+fn config(cases: u32, share: f64) -> ProptestConfig {
+    let cases = std::env::var("MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse::<f64>().ok())
+        .map_or(cases, |n| (n * share).ceil() as u32);
     ProptestConfig {
         cases,
         // Regressions are printed on failure; the test files stay untouched.
@@ -1694,7 +1701,7 @@ fn config(cases: u32) -> ProptestConfig {
 }
 
 proptest! {
-    #![proptest_config(config(400))]
+    #![proptest_config(config(400, 0.75))]
 
     #[test]
     fn admission_invariants_hold_after_every_step_of_random_operations(
@@ -1706,7 +1713,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(128))]
+    #![proptest_config(config(128, 0.25))]
 
     #[test]
     fn admission_invariants_hold_when_reloads_add_and_remove_bucket_entries(
