@@ -177,19 +177,29 @@ impl fmt::Debug for StoreConfig {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`.
+/// `url` fit for a log line or an error: a password in the user info
+/// shows as `***` (also one holding a `/`), a query string (which may carry
+/// `password=`) as `?***`, and a `key=value` connection string not at all.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return if url.is_empty() {
+            String::new()
+        } else {
+            "(a key=value connection string, not shown)".to_owned()
+        };
     };
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, _)) => (rest, "?***"),
+        None => (rest, ""),
+    };
+    let shown = match rest.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => format!("{scheme}://{rest}"),
         },
-        None => url.to_owned(),
-    }
+        None => format!("{scheme}://{rest}"),
+    };
+    format!("{shown}{query}")
 }
 
 impl StoreConfig {
@@ -1212,6 +1222,9 @@ mod tests {
         }
         assert_eq!(redact_url("postgres://sa@db/x"), "postgres://sa@db/x");
         assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+        assert_eq!(redact_url("postgres://u:hun/ter2@h:1/db"), "postgres://u:***@h:1/db");
+        assert_eq!(redact_url("postgres://u@h/db?password=x"), "postgres://u@h/db?***");
+        assert!(!redact_url("host=h password=x").contains('x'));
     }
 
     #[test]

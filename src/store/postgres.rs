@@ -431,27 +431,10 @@ fn config_of(
     Ok(config)
 }
 
-/// `url` fit for a message: [`redact_url`] hides a password in the
-/// userinfo. This also hides the query, which may hold
-/// `?password=…`, and a password holding a `/` (which `redact_url` would
-/// take for the start of the path), and does not show a key=value
-/// connection string at all.
+/// `url` fit for a message (see [`redact_url`]: no password, no query,
+/// no key=value string).
 fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(a key=value connection string, not shown)".to_owned();
-    };
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, _)) => (rest, "?***"),
-        None => (rest, ""),
-    };
-    let shown = match rest.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            redact_url(&format!("{scheme}://{user}:password@{host}"))
-        }
-        _ => redact_url(&format!("{scheme}://{rest}")),
-    };
-    format!("{shown}{query}")
+    redact_url(url)
 }
 
 fn engine(where_: &str, e: impl std::error::Error) -> StoreError {
