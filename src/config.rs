@@ -1222,8 +1222,14 @@ mod tests {
         }
         assert_eq!(redact_url("postgres://sa@db/x"), "postgres://sa@db/x");
         assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
-        assert_eq!(redact_url("postgres://u:hun/ter2@h:1/db"), "postgres://u:***@h:1/db");
-        assert_eq!(redact_url("postgres://u@h/db?password=x"), "postgres://u@h/db?***");
+        assert_eq!(
+            redact_url("postgres://u:hun/ter2@h:1/db"),
+            "postgres://u:***@h:1/db"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=x"),
+            "postgres://u@h/db?***"
+        );
         assert!(!redact_url("host=h password=x").contains('x'));
     }
 

@@ -263,3 +263,23 @@ pub fn watch_lagged(missed: u64, resume_after: u64) -> Status {
         d,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_types::StatusExt;
+
+    #[test]
+    fn store_errors_are_unavailable_with_their_reason() {
+        for (err, reason) in [
+            (Error::StoreFailed, REASON_STORE_FAILED),
+            (Error::Recovering, REASON_RECOVERING),
+        ] {
+            let status = Status::from(err);
+            assert_eq!(status.code(), Code::Unavailable);
+            let info = status.get_details_error_info().expect("ErrorInfo");
+            assert_eq!(info.reason, reason);
+            assert_eq!(info.domain, DOMAIN);
+        }
+    }
+}

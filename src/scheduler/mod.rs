@@ -874,6 +874,68 @@ mod tests {
         }
     }
 
+    /// Counts the runs it is given; each finishes at once.
+    #[derive(Default)]
+    struct CountingRunner(std::sync::atomic::AtomicUsize);
+
+    impl Runner for CountingRunner {
+        fn run(&self, _run: Run) -> BoxFuture<'static, crate::runner::RunOutcome> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok("ran".to_owned()) })
+        }
+    }
+
+    /// A scheduler over `store`, with its writer started and attached.
+    fn durable_scheduler(
+        runner: Arc<CountingRunner>,
+        store: impl crate::store::Store + 'static,
+    ) -> (Scheduler, crate::store::writer::Writer) {
+        let s = scheduler_with(runner, "");
+        let writer =
+            crate::store::writer::Writer::start(Box::new(store), s.change_source(), |_| {})
+                .unwrap();
+        s.attach_durability(writer.durability());
+        (s, writer)
+    }
+
+    /// Issue 13 §3: answers wait for the commit; a run starts only after
+    /// its admission is durable; a failed commit answers STORE_FAILED and
+    /// starts nothing, and what was written is all the store holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_commit_answers_store_failed_and_starts_nothing() {
+        use crate::store::{
+            memory::{FailingStore, MemoryStore},
+            Store,
+        };
+        let runner = Arc::new(CountingRunner::default());
+        let memory = MemoryStore::new();
+        let failing = FailingStore::new(memory.clone(), usize::MAX);
+        let (s, _writer) = durable_scheduler(runner.clone(), failing.clone());
+        let first = s.spawn(spec()).await.expect("the first commit succeeds");
+        let (done, _) = s
+            .await_agents(&[first.id], Some(Duration::from_secs(10)), AwaitMode::All)
+            .await
+            .unwrap();
+        assert_eq!(done[0].status, AgentStatus::Done);
+        assert_eq!(runner.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        failing.fail_after(0);
+        let err = s.spawn(spec()).await.unwrap_err();
+        assert!(matches!(err, Error::StoreFailed), "{err:?}");
+        let err = s.status(&[first.id], "ids").await.unwrap_err();
+        assert!(matches!(err, Error::StoreFailed), "{err:?}");
+        // Every task that could start the refused agent's run has run.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            runner.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "no run starts for a change that was not written"
+        );
+        let stored = memory.clone().load().unwrap().decode().unwrap();
+        assert_eq!(stored.agents.len(), 1, "only the first agent was written");
+        assert_eq!(stored.agents[0].view.id, first.id);
+    }
+
     fn scheduler_with(runner: Arc<dyn Runner>, toml: &str) -> Scheduler {
         let config = crate::config::ConfigSource::from_toml_str(toml).unwrap();
         Scheduler::with_runners(&config, HashMap::from([(RunnerKind::Simulated, runner)]))
