@@ -1959,3 +1959,153 @@ fn a_buffered_steer_reaches_the_run_that_starts_after_a_restart() {
     assert_eq!(starts[0].agent.id, second.id);
     assert_eq!(starts[0].steer.try_recv().as_deref(), Some("go left"));
 }
+
+/// Issue 13 §5, the recovery matrix at the core: each live state × each
+/// runner kind × `retry_on_restart` 0 / 1 (worker types: their re-attach
+/// grace passing with no worker back, under `retry_on_worker_lost` 0 / 1).
+#[test]
+fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
+    use subagentd::scheduler::WorkerInfo;
+    let kinds = [
+        RunnerKind::Simulated,
+        RunnerKind::Command,
+        RunnerKind::Openai,
+        RunnerKind::Worker,
+    ];
+    for kind in kinds {
+        for retry in [0u32, 1] {
+            for state in [
+                AgentStatus::Queued,
+                AgentStatus::Running,
+                AgentStatus::AwaitingApproval,
+            ] {
+                let ctx = format!("{kind:?} retry {retry} {state:?}");
+                let types = BTreeMap::from([(
+                    "t".to_owned(),
+                    AgentTypeConfig {
+                        runner: kind,
+                        retry_on_restart: if kind == RunnerKind::Worker { 0 } else { retry },
+                        retry_on_worker_lost: if kind == RunnerKind::Worker { retry } else { 0 },
+                        ..AgentTypeConfig::default()
+                    },
+                )]);
+                let limits = Limits {
+                    default_concurrency: 1,
+                    ..unlimited()
+                };
+                let watch = WatchConfig {
+                    history: 64,
+                    subscriber_buffer: 64,
+                };
+                let mut core =
+                    Core::new(limits.clone(), RunsConfig::default(), &watch, types.clone());
+                core.track_changes();
+                let (tx, _rx) = mpsc::unbounded_channel();
+                let worker = core.register_worker(
+                    WorkerInfo {
+                        name: "w".into(),
+                        agents: vec!["t".into()],
+                        capacity: 4,
+                        labels: BTreeMap::new(),
+                    },
+                    tx,
+                    &[],
+                );
+                let spec = SpawnSpec {
+                    agent: "t".to_owned(),
+                    ..root_spec(true)
+                };
+                let now = SystemTime::now();
+                let (first, _) = core.spawn(spec.clone(), now).unwrap();
+                let (second, _) = core.spawn(spec, now).unwrap();
+                assert_eq!(
+                    second.status,
+                    AgentStatus::Queued,
+                    "{ctx}: the bucket holds one"
+                );
+                let subject = match state {
+                    AgentStatus::Queued => second.id,
+                    AgentStatus::Running => first.id,
+                    _ => {
+                        if kind == RunnerKind::Worker {
+                            core.worker_report(
+                                worker,
+                                first.id,
+                                WorkerEvent::ApprovalRequest {
+                                    tool_name: "shell".into(),
+                                    detail: "ls".into(),
+                                },
+                            );
+                        } else {
+                            core.request_approval(first.id, "shell", "ls").unwrap();
+                        }
+                        first.id
+                    }
+                };
+                assert_eq!(core.view(subject).unwrap().status, state, "{ctx}");
+                let _ = core.take_starts();
+                let (changes, _) = core.take_changes();
+                let mut batch = Batch::default();
+                batch.add(&changes);
+                let store = MemoryStore::new();
+                store.clone().commit(&batch).unwrap();
+
+                let mut again = Core::new(limits, RunsConfig::default(), &watch, types);
+                let mut report = again
+                    .restore(store.clone().load().unwrap().decode().unwrap(), 64, 64)
+                    .unwrap();
+                again.recover_runs(&mut report);
+                let held = report.held_for_workers.clone();
+                let view = again.view(subject).unwrap();
+                let code = view.error.as_ref().map(|e| e.code.to_string());
+                match (state, kind) {
+                    (AgentStatus::Queued, _) => {
+                        // Still queued behind the interrupted one, or started
+                        // once the interrupted one ended.
+                        assert!(
+                            matches!(view.status, AgentStatus::Queued | AgentStatus::Running),
+                            "{ctx}: {view:?}"
+                        );
+                        let expected = u32::from(view.status == AgentStatus::Running);
+                        assert_eq!(view.attempt, expected, "{ctx}: its first attempt, if any");
+                    }
+                    (_, RunnerKind::Worker) => {
+                        assert_eq!(view.status, state, "{ctx}: held for re-attach");
+                        assert!(held.contains(&subject), "{ctx}");
+                        again.reattach_grace_passed(&held);
+                        let after = again.view(subject).unwrap();
+                        if retry == 1 {
+                            assert_eq!(after.status, AgentStatus::Queued, "{ctx}: retried");
+                        } else {
+                            assert_eq!(after.status, AgentStatus::Failed, "{ctx}");
+                            assert_eq!(after.error.unwrap().code.as_ref(), "WORKER_LOST");
+                        }
+                    }
+                    (_, _) if retry == 1 => {
+                        assert!(
+                            matches!(view.status, AgentStatus::Queued | AgentStatus::Running),
+                            "{ctx}: queued again: {view:?}"
+                        );
+                        assert_eq!(
+                            report.retried,
+                            report.interrupted.len(),
+                            "{ctx}: every interrupted run"
+                        );
+                        if view.status == AgentStatus::Running {
+                            assert_eq!(view.attempt, 2, "{ctx}: the next attempt");
+                        }
+                    }
+                    _ => {
+                        assert_eq!(view.status, AgentStatus::Failed, "{ctx}");
+                        assert_eq!(code.as_deref(), Some("SERVER_RESTARTED"), "{ctx}");
+                        assert!(
+                            view.approval.is_none(),
+                            "{ctx}: no approval is left pending"
+                        );
+                    }
+                }
+                assert_eq!(again.counters(), again.recount(), "{ctx}");
+            }
+        }
+    }
+}
