@@ -406,8 +406,8 @@ impl prometheus_client::collector::Collector for StoreCollector {
             ),
             (
                 "store_changes",
-                "Change sets (one per scheduler lock section that changed state) written \
-                 by those commits: changes ÷ commits is the group-commit batch size",
+                "Changes (changed agent records, lifecycle events, removals) written by \
+                 those commits: changes ÷ commits is the group-commit batch size",
                 changes,
             ),
         ] {
