@@ -286,6 +286,9 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     };
     let store_failed = CancellationToken::new();
     let writer = recover(&config, &scheduler, store_failed.clone()).await?;
+    if let Some(writer) = &writer {
+        metrics.set_commit_stats(writer.stats());
+    }
     gate.open();
     health
         .set_serving::<AgentServiceServer<AgentServiceImpl>>()

@@ -325,3 +325,33 @@ async fn abandoned_unary_calls_are_counted() {
     }
     s.handle.shutdown().await.unwrap();
 }
+
+/// The store writer's commit counters: 0 without a store, and with one
+/// every acknowledged spawn was committed (changes ≥ commits ≥ 1).
+#[tokio::test]
+async fn store_commit_counters_follow_the_writer() {
+    let s = TestServer::start("").await;
+    let m = scrape(&s).await;
+    assert_eq!(value(&m, "subagentd_store_commits_total"), 0.0);
+    assert_eq!(value(&m, "subagentd_store_changes_total"), 0.0);
+    s.handle.shutdown().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[store]\nbackend = \"embedded\"\npath = \"{}\"\n",
+        dir.path().display()
+    );
+    let mut s = TestServer::start(&toml).await;
+    let before = scrape(&s).await;
+    let a = spawn(&mut s.client, bg("acme/m", "done")).await;
+    let b = spawn(&mut s.client, bg("acme/m", "done")).await;
+    await_all(&mut s.client, &[&a.id, &b.id]).await;
+    let after = scrape(&s).await;
+    let commits = value(&after, "subagentd_store_commits_total")
+        - value(&before, "subagentd_store_commits_total");
+    let changes = value(&after, "subagentd_store_changes_total")
+        - value(&before, "subagentd_store_changes_total");
+    assert!(commits >= 1.0, "{commits} commits");
+    assert!(changes >= commits, "{changes} changes in {commits} commits");
+    s.handle.shutdown().await.unwrap();
+}

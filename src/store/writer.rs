@@ -129,7 +129,11 @@ impl Durability {
 pub struct CommitStats {
     /// Completed commits.
     pub commits: std::sync::atomic::AtomicU64,
-    /// Change sets (lock sections) those commits wrote.
+    /// Changes those commits wrote, counted by ticket (one per changed
+    /// record, published event or removal; the core merges every lock
+    /// section's changes into one change set per take, so counting change
+    /// sets would say 1 per commit). Changes ÷ commits is the group-commit
+    /// batch size.
     pub changes: std::sync::atomic::AtomicU64,
 }
 
@@ -175,9 +179,13 @@ impl Writer {
             let stop = stop.clone();
             move || {
                 let mut on_failure = Some(on_failure);
+                // The ticket of the previous take: a commit writes the
+                // changes numbered after it.
+                let mut taken = 0;
                 loop {
                     let stopping = stop.load(std::sync::atomic::Ordering::Acquire);
                     let (changes, ticket) = source.take_changes();
+                    let in_commit = ticket.saturating_sub(std::mem::replace(&mut taken, ticket));
                     let sequence = changes.position.last_sequence;
                     if changes.is_empty() && sequence <= tx.borrow().sequence {
                         if ticket > tx.borrow().durable {
@@ -200,10 +208,9 @@ impl Writer {
                             stats
                                 .commits
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            stats.changes.fetch_add(
-                                batch.change_sets as u64,
-                                std::sync::atomic::Ordering::Relaxed,
-                            );
+                            stats
+                                .changes
+                                .fetch_add(in_commit, std::sync::atomic::Ordering::Relaxed);
                             tracing::trace!(
                                 agents = batch.agents.len(),
                                 events = batch.events.len(),
@@ -327,6 +334,7 @@ mod tests {
         let stats = writer.stats();
         let commits = stats.commits.load(Ordering::Relaxed);
         assert!((1..=50).contains(&commits), "{commits} commits");
+        assert_eq!(stats.changes.load(Ordering::Relaxed), 50);
         assert_eq!(d.durable(), 50);
     }
 

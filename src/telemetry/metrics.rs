@@ -5,9 +5,14 @@
 //! the core under the lock it already holds and read here at scrape time,
 //! so admission pays no extra atomics or locks for them. The API's own
 //! numbers (RPCs, rejections, lagging watchers) are prometheus-client
-//! metrics updated where they happen.
+//! metrics updated where they happen. The store's commit counters are the
+//! writer's atomics, also read at scrape time.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{atomic::Ordering, Arc, OnceLock},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use prometheus_client::{
@@ -20,9 +25,12 @@ use prometheus_client::{
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::scheduler::{
-    stats::{Histogram as CoreHistogram, FINISHED_STATUSES},
-    Scheduler,
+use crate::{
+    scheduler::{
+        stats::{Histogram as CoreHistogram, FINISHED_STATUSES},
+        Scheduler,
+    },
+    store::writer::CommitStats,
 };
 
 /// Labels of the RPC metrics.
@@ -94,6 +102,10 @@ impl ApiMetrics {
 pub struct Metrics {
     registry: Registry,
     api: ApiMetrics,
+    /// The store writer's counters, set once the writer runs (it starts
+    /// after recovery, which is after the endpoint is up); unset with
+    /// `backend = "memory"`, and then both counters read 0.
+    commit_stats: Arc<OnceLock<Arc<CommitStats>>>,
 }
 
 impl Metrics {
@@ -123,7 +135,21 @@ impl Metrics {
             api.watch_lagged.clone(),
         );
         registry.register_collector(Box::new(SchedulerCollector { scheduler }));
-        Self { registry, api }
+        let commit_stats = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(StoreCollector {
+            stats: commit_stats.clone(),
+        }));
+        Self {
+            registry,
+            api,
+            commit_stats,
+        }
+    }
+
+    /// Exports the store writer's commit counters from now on. Only the
+    /// first call counts (a server has one writer).
+    pub fn set_commit_stats(&self, stats: Arc<CommitStats>) {
+        let _ = self.commit_stats.set(stats);
     }
 
     /// The handles the API layer updates.
@@ -354,6 +380,42 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
             "Time from first start to the end, by bucket",
             &runs,
         )
+    }
+}
+
+/// Reads the store writer's counters at scrape time.
+#[derive(Debug)]
+struct StoreCollector {
+    stats: Arc<OnceLock<Arc<CommitStats>>>,
+}
+
+impl prometheus_client::collector::Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (commits, changes) = self.stats.get().map_or((0, 0), |s| {
+            (
+                s.commits.load(Ordering::Relaxed),
+                s.changes.load(Ordering::Relaxed),
+            )
+        });
+        for (name, help, value) in [
+            (
+                "store_commits",
+                "Store commits (one durable write each: one fsync with the embedded store, \
+                 one transaction with PostgreSQL); 0 with backend = \"memory\"",
+                commits,
+            ),
+            (
+                "store_changes",
+                "Changes (changed agent records, lifecycle events, removals) written by \
+                 those commits: changes ÷ commits is the group-commit batch size",
+                changes,
+            ),
+        ] {
+            encoder
+                .encode_descriptor(name, help, None, MetricType::Counter)?
+                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        }
+        Ok(())
     }
 }
 

@@ -16,6 +16,11 @@ Exit status:
      stream failed, or a server failed to start or exited uncleanly
   2  invalid command line";
 
+/// `run --scenarios` default: everything but bg-spawn-postgres (which needs
+/// a PostgreSQL server, see `--postgres-url`).
+const DEFAULT_SCENARIOS: &str =
+    "baseline,bg-spawn,bg-spawn-embedded,fg-spawn,status,bg-spawn-watched,bg-spawn-lead-watched";
+
 /// `subagentd-bench`: load generator and memory probe for subagentd.
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -48,7 +53,17 @@ pub enum Command {
     ///   baseline          Spawn against the no-op server (returns a prebuilt
     ///                     SpawnResponse): what gRPC itself costs here.
     ///   bg-spawn          background Spawn of `simulated`/`bench/m`, prompt
-    ///                     `hi` (the run finishes at once).
+    ///                     `hi` (the run finishes at once); `[store] backend =
+    ///                     "memory"`, as every scenario below unless it says
+    ///                     otherwise.
+    ///   bg-spawn-embedded bg-spawn against `backend = "embedded"` (a fresh
+    ///                     data directory under the temp dir per server);
+    ///                     reports store commits/s and changes per commit.
+    ///   bg-spawn-postgres bg-spawn against `backend = "postgres"` (a fresh
+    ///                     database `bench_<uuid>` per server, created on
+    ///                     --postgres-url and dropped at the end); reports
+    ///                     commits/s and changes per commit. Not in the
+    ///                     default list; without --postgres-url it fails.
     ///   fg-spawn          foreground Spawn, same prompt: spawn + run + complete
     ///                     in one call.
     ///   status            Status by the id of one running agent spawned before
@@ -127,15 +142,22 @@ pub struct RunArgs {
     #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
     pub watcher_connections: usize,
     /// Scenarios to run, in this order, comma-separated. Ratios need
-    /// `baseline`; the watched verdict needs `bg-spawn` too.
+    /// `baseline`; the watched and store verdicts need `bg-spawn` too.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "baseline,bg-spawn,fg-spawn,status,bg-spawn-watched,bg-spawn-lead-watched",
+        default_value = DEFAULT_SCENARIOS,
         value_name = "NAME,…"
     )]
     pub scenarios: Vec<Scenario>,
+    /// PostgreSQL server for bg-spawn-postgres, e.g.
+    /// `postgres://subagentd@127.0.0.1:55432/postgres`: the bench connects
+    /// to this database to `CREATE DATABASE bench_<uuid>` for each server
+    /// process (so the user needs CREATEDB) and drops it when that server
+    /// stops. No default: without it bg-spawn-postgres is a failure.
+    #[arg(long, value_name = "URL")]
+    pub postgres_url: Option<String>,
     /// Run the whole scenario list this many times, interleaved (baseline,
     /// bg-spawn, …, baseline, bg-spawn, …). Each ratio is taken against the
     /// baseline of its own round and the verdicts use the median over the
@@ -219,7 +241,47 @@ mod tests {
         assert_eq!(args.duration, Duration::from_secs(5));
         assert_eq!(args.concurrency, vec![1, 16, 64]);
         assert_eq!(args.watchers, 100);
-        assert_eq!(args.scenarios.len(), 6);
+        assert_eq!(
+            args.scenarios,
+            vec![
+                Scenario::Baseline,
+                Scenario::BgSpawn,
+                Scenario::BgSpawnEmbedded,
+                Scenario::FgSpawn,
+                Scenario::Status,
+                Scenario::BgSpawnWatched,
+                Scenario::BgSpawnLeadWatched,
+            ]
+        );
         assert_eq!(args.lead_watchers, 200);
+        assert_eq!(args.postgres_url, None);
+    }
+
+    #[test]
+    fn postgres_is_opt_in_with_its_url() {
+        let cli = Cli::try_parse_from([
+            "subagentd-bench",
+            "run",
+            "--scenarios",
+            "bg-spawn,bg-spawn-embedded,bg-spawn-postgres",
+            "--postgres-url",
+            "postgres://subagentd@127.0.0.1:55432/postgres",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(
+            args.scenarios,
+            vec![
+                Scenario::BgSpawn,
+                Scenario::BgSpawnEmbedded,
+                Scenario::BgSpawnPostgres
+            ]
+        );
+        assert_eq!(
+            args.postgres_url.as_deref(),
+            Some("postgres://subagentd@127.0.0.1:55432/postgres")
+        );
     }
 }

@@ -47,6 +47,8 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<ExitCode> {
     let kind = ServerKind::Subagentd {
         bin: servers::subagentd_bin(args.server.server_bin.as_deref())?,
         config_toml: servers::MEMORY_CONFIG,
+        // RSS of the scheduler's records, not of a store's caches.
+        store: servers::BenchStore::Memory,
     };
     let mut report = MemoryReport::new(args.concurrency, args.connections);
     for &agents in &args.agents {

@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use crate::{cli::RunArgs, load::LoadResult, procfs, scenarios::Scenario};
+use crate::{cli::RunArgs, load::LoadResult, procfs, scenarios::Scenario, servers::CommitCounts};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -22,6 +22,13 @@ const BG_SPAWN_P99_TARGET: f64 = 1.5;
 const WATCH_EVENTS_TARGET: f64 = 1_000_000.0;
 /// Target: bg-spawn-watched requests/s ≥ this × bg-spawn.
 const WATCHED_THROUGHPUT_TARGET: f64 = 0.9;
+/// Target: bg-spawn-embedded requests/s ≥ this × bg-spawn (memory) at
+/// concurrency 64.
+const EMBEDDED_THROUGHPUT_TARGET: f64 = 0.6;
+/// Target: bg-spawn-postgres requests/s ≥ this × bg-spawn at concurrency 64.
+const POSTGRES_THROUGHPUT_TARGET: f64 = 0.25;
+/// Target: bg-spawn-embedded p99 at concurrency 16, ms.
+const EMBEDDED_P99_TARGET_MS: f64 = 10.0;
 /// Target: bytes per retained finished agent beyond its prompt and result.
 const BYTES_PER_AGENT_TARGET: f64 = 1024.0;
 /// Target: idle RSS, MiB.
@@ -63,6 +70,8 @@ pub struct RunSettings {
     pub concurrency: Vec<usize>,
     /// Scenarios, in order.
     pub scenarios: Vec<Scenario>,
+    /// `--postgres-url`, its password (if any) replaced by `***`.
+    pub postgres_url: Option<String>,
 }
 
 /// Something that went wrong outside of counted answers.
@@ -114,6 +123,11 @@ pub struct Row {
     pub rps_vs_baseline: Option<f64>,
     /// p99 ÷ baseline p99 at the same concurrency and round.
     pub p99_vs_baseline: Option<f64>,
+    /// For a store scenario: requests/s ÷ bg-spawn's (no store) at the same
+    /// concurrency and round.
+    pub rps_vs_memory: Option<f64>,
+    /// For a store scenario: p99 ÷ bg-spawn's p99.
+    pub p99_vs_memory: Option<f64>,
     /// Server user+system CPU seconds per 1000 timed answers.
     pub server_cpu_s_per_1k: f64,
     /// The same for the load client (it shares the cores with the server).
@@ -122,6 +136,25 @@ pub struct Row {
     pub server_peak_rss_mib: f64,
     /// Watcher results, for bg-spawn-watched.
     pub watch: Option<WatchStats>,
+    /// Store commits during the timed phase, for the store scenarios.
+    pub store: Option<StoreStats>,
+}
+
+/// What the store's writer did during one timed phase (from the server's
+/// `subagentd_store_*_total` counters, scraped before and after).
+#[derive(Debug, Serialize)]
+pub struct StoreStats {
+    /// Commits (one fsync each with the embedded store, one transaction
+    /// with PostgreSQL).
+    pub commits: u64,
+    /// Change sets (scheduler lock sections) they wrote.
+    pub changes: u64,
+    /// `commits` per second of the timed phase.
+    pub commits_per_s: f64,
+    /// `changes` ÷ `commits`: the group-commit batch size.
+    pub changes_per_commit: f64,
+    /// Timed answers ÷ `commits`: Spawn calls that shared one commit.
+    pub requests_per_commit: f64,
 }
 
 /// What the watchers saw during one timed phase.
@@ -150,6 +183,8 @@ pub struct Measurement<'a> {
     pub client_cpu_s: f64,
     /// Server VmHWM, bytes.
     pub server_peak_rss_bytes: u64,
+    /// Store counters over the timed phase (store scenarios only).
+    pub commits: Option<CommitCounts>,
 }
 
 impl Row {
@@ -181,6 +216,18 @@ impl Row {
             client_cpu_s_per_1k: per_1k(m.client_cpu_s),
             server_peak_rss_mib: m.server_peak_rss_bytes as f64 / MIB,
             watch,
+            rps_vs_memory: None,
+            p99_vs_memory: None,
+            store: m.commits.map(|c| {
+                let per_commit = |n: f64| n / (c.commits.max(1) as f64);
+                StoreStats {
+                    commits: c.commits,
+                    changes: c.changes,
+                    commits_per_s: c.commits as f64 / m.result.elapsed.as_secs_f64().max(1e-9),
+                    changes_per_commit: per_commit(c.changes as f64),
+                    requests_per_commit: per_commit(m.result.requests() as f64),
+                }
+            }),
         }
     }
 }
@@ -246,6 +293,10 @@ impl RunReport {
                 rounds: args.rounds,
                 concurrency: args.concurrency.clone(),
                 scenarios: args.scenarios.clone(),
+                postgres_url: args
+                    .postgres_url
+                    .as_deref()
+                    .map(subagentd::config::redact_url),
             },
             rows: Vec::new(),
             verdicts: Vec::new(),
@@ -267,13 +318,27 @@ impl RunReport {
             .filter(|r| r.scenario == Scenario::Baseline)
             .map(|r| (r.round, r.concurrency, r.requests_per_s, r.p99_ms))
             .collect();
-        for row in &mut self.rows {
-            if let Some(&(_, _, rps, p99)) = baselines
-                .iter()
+        let memory: Vec<(usize, usize, f64, f64)> = self
+            .rows
+            .iter()
+            .filter(|r| r.scenario == Scenario::BgSpawn)
+            .map(|r| (r.round, r.concurrency, r.requests_per_s, r.p99_ms))
+            .collect();
+        let same = |row: &Row, of: &[(usize, usize, f64, f64)]| {
+            of.iter()
                 .find(|b| b.0 == row.round && b.1 == row.concurrency)
-            {
+                .map(|b| (b.2, b.3))
+        };
+        for row in &mut self.rows {
+            if let Some((rps, p99)) = same(row, &baselines) {
                 row.rps_vs_baseline = ratio(row.requests_per_s, rps);
                 row.p99_vs_baseline = ratio(row.p99_ms, p99);
+            }
+            if row.scenario.has_store() {
+                if let Some((rps, p99)) = same(row, &memory) {
+                    row.rps_vs_memory = ratio(row.requests_per_s, rps);
+                    row.p99_vs_memory = ratio(row.p99_ms, p99);
+                }
             }
         }
         self.verdicts = self.verdicts();
@@ -297,8 +362,22 @@ impl RunReport {
             .collect()
     }
 
+    /// `f(row)` for every round that measured `scenario` at `concurrency`.
+    fn per_round_of(
+        &self,
+        scenario: Scenario,
+        concurrency: usize,
+        f: impl Fn(&Row) -> f64,
+    ) -> Vec<f64> {
+        (1..=self.settings.rounds)
+            .filter_map(|round| self.row(round, scenario, concurrency).map(&f))
+            .collect()
+    }
+
     fn verdicts(&self) -> Vec<Verdict> {
-        use Scenario::{Baseline, BgSpawn, BgSpawnLeadWatched, BgSpawnWatched};
+        use Scenario::{
+            Baseline, BgSpawn, BgSpawnEmbedded, BgSpawnLeadWatched, BgSpawnPostgres, BgSpawnWatched,
+        };
         let rps = |s: &Row, base: &Row| s.requests_per_s / base.requests_per_s;
         let p99 = |s: &Row, base: &Row| s.p99_ms / base.p99_ms;
         let watched_events: Vec<(f64, usize)> = (1..=self.settings.rounds)
@@ -340,6 +419,24 @@ impl RunReport {
                 Spread::of(self.per_round(BgSpawnLeadWatched, BgSpawn, 64, rps))
                     .map(|r| (r.median >= WATCHED_THROUGHPUT_TARGET, r.describe("×"))),
                 "bg-spawn and bg-spawn-lead-watched at concurrency 64",
+            ),
+            Verdict::decide(
+                "embedded store: Spawn throughput ≥ 0.6 × memory (bg-spawn) at concurrency 64",
+                Spread::of(self.per_round(BgSpawnEmbedded, BgSpawn, 64, rps))
+                    .map(|r| (r.median >= EMBEDDED_THROUGHPUT_TARGET, r.describe("×"))),
+                "bg-spawn and bg-spawn-embedded at concurrency 64",
+            ),
+            Verdict::decide(
+                "PostgreSQL store: Spawn throughput ≥ 0.25 × memory (bg-spawn) at concurrency 64",
+                Spread::of(self.per_round(BgSpawnPostgres, BgSpawn, 64, rps))
+                    .map(|r| (r.median >= POSTGRES_THROUGHPUT_TARGET, r.describe("×"))),
+                "bg-spawn and bg-spawn-postgres (--postgres-url) at concurrency 64",
+            ),
+            Verdict::decide(
+                "embedded store: Spawn p99 ≤ 10 ms at concurrency 16",
+                Spread::of(self.per_round_of(BgSpawnEmbedded, 16, |r| r.p99_ms))
+                    .map(|r| (r.median <= EMBEDDED_P99_TARGET_MS, r.describe(" ms"))),
+                "bg-spawn-embedded at concurrency 16",
             ),
         ]
     }
@@ -505,9 +602,125 @@ pub fn render_run(report: &RunReport) -> String {
             &watch_rows,
         ));
     }
+    render_store(&mut out, report);
     render_verdicts(&mut out, &report.verdicts);
     render_failures(&mut out, &report.failures);
     out
+}
+
+/// The store scenarios: ratios to bg-spawn (no store) and what the writer
+/// did, per round, then the medians.
+fn render_store(out: &mut String, report: &RunReport) {
+    let store_rows: Vec<(&Row, &StoreStats)> = report
+        .rows
+        .iter()
+        .filter_map(|r| r.store.as_ref().map(|s| (r, s)))
+        .collect();
+    if store_rows.is_empty() {
+        return;
+    }
+    let ratio_cell = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.2}"));
+    let rounds = report.settings.rounds > 1;
+    let mut headers = vec![
+        "scenario",
+        "conc",
+        "req/s",
+        "p99 ms",
+        "req/s ×bg-spawn",
+        "p99 ×bg-spawn",
+        "commits/s",
+        "changes/commit",
+        "req/commit",
+    ];
+    if rounds {
+        headers.insert(0, "round");
+    }
+    let rows: Vec<Vec<String>> = store_rows
+        .iter()
+        .map(|(r, st)| {
+            let mut cells = vec![
+                r.scenario.to_string(),
+                r.concurrency.to_string(),
+                format!("{:.0}", r.requests_per_s),
+                format!("{:.3}", r.p99_ms),
+                ratio_cell(r.rps_vs_memory),
+                ratio_cell(r.p99_vs_memory),
+                format!("{:.0}", st.commits_per_s),
+                format!("{:.1}", st.changes_per_commit),
+                format!("{:.1}", st.requests_per_commit),
+            ];
+            if rounds {
+                cells.insert(0, r.round.to_string());
+            }
+            cells
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nstores (ratios to bg-spawn, which keeps nothing, at the same concurrency and round; \
+         commits from subagentd_store_*_total over the timed phase)"
+    );
+    out.push_str(&render_table(&headers, &rows));
+    if !rounds {
+        return;
+    }
+    let mut keys: Vec<(Scenario, usize)> = store_rows
+        .iter()
+        .map(|(r, _)| (r.scenario, r.concurrency))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let spread = |key: (Scenario, usize), digits: usize, f: &dyn Fn(&Row) -> Option<f64>| {
+        Spread::of(
+            store_rows
+                .iter()
+                .filter(|(r, _)| (r.scenario, r.concurrency) == key)
+                .filter_map(|(r, _)| f(r))
+                .collect(),
+        )
+        .map_or("-".to_owned(), |s| {
+            format!(
+                "{:.digits$} ({:.digits$}–{:.digits$})",
+                s.median, s.min, s.max
+            )
+        })
+    };
+    let stat = |f: fn(&StoreStats) -> f64| move |r: &Row| r.store.as_ref().map(f);
+    let medians: Vec<Vec<String>> = keys
+        .into_iter()
+        .map(|key| {
+            vec![
+                key.0.to_string(),
+                key.1.to_string(),
+                spread(key, 2, &|r| Some(r.requests_per_s / 1000.0)),
+                spread(key, 2, &|r| Some(r.p50_ms)),
+                spread(key, 2, &|r| Some(r.p99_ms)),
+                spread(key, 2, &|r| r.rps_vs_memory),
+                spread(key, 0, &stat(|s| s.commits_per_s)),
+                spread(key, 1, &stat(|s| s.changes_per_commit)),
+                spread(key, 1, &stat(|s| s.requests_per_commit)),
+            ]
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nstores, median over {} rounds (range)",
+        report.settings.rounds
+    );
+    out.push_str(&render_table(
+        &[
+            "scenario",
+            "conc",
+            "k req/s",
+            "p50 ms",
+            "p99 ms",
+            "req/s ×bg-spawn",
+            "commits/s",
+            "changes/commit",
+            "req/commit",
+        ],
+        &medians,
+    ));
 }
 
 /// Everything `memory` measured.
@@ -780,6 +993,116 @@ fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(round: usize, scenario: Scenario, concurrency: usize, rps: f64, p99_ms: f64) -> Row {
+        Row {
+            round,
+            scenario,
+            concurrency,
+            requests: (rps * 3.0) as u64,
+            elapsed_s: 3.0,
+            requests_per_s: rps,
+            p50_ms: p99_ms / 2.0,
+            p99_ms,
+            p999_ms: p99_ms,
+            max_ms: p99_ms,
+            errors: BTreeMap::new(),
+            rps_vs_baseline: None,
+            p99_vs_baseline: None,
+            rps_vs_memory: None,
+            p99_vs_memory: None,
+            server_cpu_s_per_1k: 0.02,
+            client_cpu_s_per_1k: 0.02,
+            server_peak_rss_mib: 30.0,
+            watch: None,
+            store: scenario.has_store().then_some(StoreStats {
+                commits: 3000,
+                changes: 60_000,
+                commits_per_s: 1000.0,
+                changes_per_commit: 20.0,
+                requests_per_commit: 7.0,
+            }),
+        }
+    }
+
+    fn report(rounds: usize, rows: Vec<Row>) -> RunReport {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "subagentd-bench",
+            "run",
+            "--rounds",
+            &rounds.to_string(),
+        ])
+        .unwrap();
+        let crate::cli::Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        let mut report = RunReport::new(&args);
+        report.rows = rows;
+        report.finish();
+        report
+    }
+
+    fn verdict<'a>(report: &'a RunReport, starts: &str) -> &'a Verdict {
+        report
+            .verdicts
+            .iter()
+            .find(|v| v.target.starts_with(starts))
+            .unwrap_or_else(|| panic!("no verdict {starts}"))
+    }
+
+    #[test]
+    fn store_rows_are_compared_with_bg_spawn_of_their_round() {
+        use Scenario::{BgSpawn, BgSpawnEmbedded, BgSpawnPostgres};
+        let report = report(
+            2,
+            vec![
+                row(1, BgSpawn, 64, 40_000.0, 4.0),
+                row(1, BgSpawnEmbedded, 64, 28_000.0, 8.0),
+                row(1, BgSpawnPostgres, 64, 8_000.0, 20.0),
+                row(1, BgSpawnEmbedded, 16, 20_000.0, 5.0),
+                row(2, BgSpawn, 64, 20_000.0, 4.0),
+                row(2, BgSpawnEmbedded, 64, 16_000.0, 8.0),
+                row(2, BgSpawnPostgres, 64, 6_000.0, 20.0),
+                row(2, BgSpawnEmbedded, 16, 20_000.0, 12.0),
+            ],
+        );
+        let embedded = report.row(2, BgSpawnEmbedded, 64).unwrap();
+        assert_eq!(embedded.rps_vs_memory, Some(0.8));
+        assert_eq!(embedded.p99_vs_memory, Some(2.0));
+        assert_eq!(report.row(1, BgSpawn, 64).unwrap().rps_vs_memory, None);
+        // Medians: embedded (0.7, 0.8) → 0.75; postgres (0.2, 0.3) → 0.25;
+        // embedded p99 at 16 (5, 12) → 8.5 ms.
+        let v = verdict(&report, "embedded store: Spawn throughput");
+        assert_eq!(v.status, VerdictStatus::Met, "{}", v.detail);
+        assert!(v.detail.contains("median 0.75×"), "{}", v.detail);
+        let v = verdict(&report, "PostgreSQL store");
+        assert_eq!(v.status, VerdictStatus::Met, "{}", v.detail);
+        let v = verdict(&report, "embedded store: Spawn p99");
+        assert_eq!(v.status, VerdictStatus::Met, "{}", v.detail);
+        assert!(v.detail.contains("8.50 ms"), "{}", v.detail);
+
+        let text = render_run(&report);
+        assert!(text.contains("changes/commit"), "{text}");
+        assert!(text.contains("stores, median over 2 rounds"), "{text}");
+    }
+
+    #[test]
+    fn store_verdicts_without_their_rows_are_not_measured() {
+        let report = report(1, vec![row(1, Scenario::BgSpawnEmbedded, 64, 1.0, 30.0)]);
+        for starts in [
+            "embedded store: Spawn throughput",
+            "PostgreSQL store",
+            "embedded store: Spawn p99",
+        ] {
+            assert_eq!(
+                verdict(&report, starts).status,
+                VerdictStatus::NotMeasured,
+                "{starts}"
+            );
+        }
+        assert!(!render_run(&report).contains("stores, median"));
+    }
 
     #[test]
     fn table_aligns_columns() {

@@ -13,7 +13,7 @@ use crate::{
     load::{self, watchers::Watchers, LoadPlan, Workload},
     procfs::{self, Pid},
     report::{self, Failure, Measurement, Row, RunReport, WatchStats},
-    servers::{self, ServerKind, ServerProcess},
+    servers::{self, BenchStore, ServerKind, ServerProcess},
 };
 
 /// Prompt of the agent the `status` scenario reads: it sleeps an hour, so it
@@ -28,6 +28,10 @@ pub enum Scenario {
     Baseline,
     /// Background Spawn of an agent that finishes at once.
     BgSpawn,
+    /// BgSpawn against the embedded store.
+    BgSpawnEmbedded,
+    /// BgSpawn against the PostgreSQL store (needs `--postgres-url`).
+    BgSpawnPostgres,
     /// Foreground Spawn: spawn, run and complete in one call.
     FgSpawn,
     /// Status by the id of one running agent.
@@ -45,10 +49,38 @@ impl Scenario {
         match self {
             Scenario::Baseline => "baseline",
             Scenario::BgSpawn => "bg-spawn",
+            Scenario::BgSpawnEmbedded => "bg-spawn-embedded",
+            Scenario::BgSpawnPostgres => "bg-spawn-postgres",
             Scenario::FgSpawn => "fg-spawn",
             Scenario::Status => "status",
             Scenario::BgSpawnWatched => "bg-spawn-watched",
             Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
+        }
+    }
+}
+
+impl Scenario {
+    /// True for the scenarios that measure a durable store (their rows
+    /// carry commit counts and ratios to bg-spawn, which keeps nothing).
+    pub fn has_store(self) -> bool {
+        matches!(self, Scenario::BgSpawnEmbedded | Scenario::BgSpawnPostgres)
+    }
+
+    /// The store of this scenario's server; Err when it cannot have one.
+    fn store(self, args: &RunArgs) -> Result<BenchStore, String> {
+        match self {
+            Scenario::BgSpawnEmbedded => Ok(BenchStore::Embedded),
+            Scenario::BgSpawnPostgres => match &args.postgres_url {
+                Some(url) => Ok(BenchStore::Postgres {
+                    server_url: url.clone(),
+                }),
+                None => Err(format!(
+                    "{self} needs --postgres-url URL: a PostgreSQL server where the bench may \
+                     CREATE DATABASE (e.g. postgres://subagentd@127.0.0.1:55432/postgres, \
+                     from `eval \"$(bash .ci/postgres.sh start)\"`)"
+                )),
+            },
+            _ => Ok(BenchStore::Memory),
         }
     }
 }
@@ -102,11 +134,19 @@ async fn run_round(
     report: &mut RunReport,
 ) {
     for &scenario in &args.scenarios {
+        let store = match scenario.store(args) {
+            Ok(store) => store,
+            Err(message) => {
+                report.failures.push(Failure::new(Some(scenario), message));
+                continue;
+            }
+        };
         let kind = match (scenario, subagentd) {
             (Scenario::Baseline, _) => ServerKind::Noop,
             (_, Some(Ok(bin))) => ServerKind::Subagentd {
                 bin: bin.clone(),
                 config_toml: servers::THROUGHPUT_CONFIG,
+                store,
             },
             (_, Some(Err(message))) => {
                 report
@@ -217,9 +257,11 @@ async fn prepare(
             request: load::spawn_request(true),
             leads: std::sync::Arc::new(load::LeadTally::new(args.lead_watchers)),
         },
-        Scenario::Baseline | Scenario::BgSpawn | Scenario::BgSpawnWatched => {
-            Workload::Spawn(load::spawn_request(true))
-        }
+        Scenario::Baseline
+        | Scenario::BgSpawn
+        | Scenario::BgSpawnEmbedded
+        | Scenario::BgSpawnPostgres
+        | Scenario::BgSpawnWatched => Workload::Spawn(load::spawn_request(true)),
         Scenario::FgSpawn => Workload::Spawn(load::spawn_request(false)),
         Scenario::Status => {
             let mut client = AgentServiceClient::new(channel.clone());
@@ -275,11 +317,23 @@ async fn measure_once(
         w.take_max_lag();
         w.events()
     });
+    // A scrape takes about a millisecond, next to seconds of timed load.
+    let commits_before = if scenario.has_store() {
+        Some(server.commit_counts().await?)
+    } else {
+        None
+    };
 
     let result = running.finish().await?;
 
     let server_cpu = server.cpu_ticks()?.saturating_sub(server_cpu_before);
     let client_cpu = procfs::cpu_ticks(Pid::This)?.saturating_sub(client_cpu_before);
+    // Every answer counted was durable when it was sent (the store's
+    // durable-answer rule), so its commit is in this count.
+    let commits = match commits_before {
+        Some(before) => Some(server.commit_counts().await?.since(before)),
+        None => None,
+    };
     let watch = match (watchers, events_before) {
         (Some(w), Some(before)) => {
             let events = w.events() - before;
@@ -306,6 +360,7 @@ async fn measure_once(
             server_cpu_s: procfs::ticks_to_seconds(server_cpu),
             client_cpu_s: procfs::ticks_to_seconds(client_cpu),
             server_peak_rss_bytes: memory.peak_rss_bytes,
+            commits,
         },
         watch,
     ))

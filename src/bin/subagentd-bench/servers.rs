@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{bail, Context};
+use tokio_postgres::NoTls;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
@@ -72,7 +73,49 @@ pub enum ServerKind {
         bin: PathBuf,
         /// Config file contents.
         config_toml: &'static str,
+        /// Where it keeps its state.
+        store: BenchStore,
     },
+}
+
+/// The `[store]` of a subagentd under test. Each server process gets a
+/// store of its own, so no run reads what an earlier one wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BenchStore {
+    /// `backend = "memory"`: nothing is written (what the scenarios measured
+    /// before issue 13).
+    Memory,
+    /// `backend = "embedded"` in a fresh data directory under the temp dir,
+    /// removed when the server process is dropped.
+    Embedded,
+    /// `backend = "postgres"` in a fresh database `bench_<uuid>` created on
+    /// the server at `server_url` (`--postgres-url`), dropped when the
+    /// server is stopped.
+    Postgres {
+        /// A database on the server the bench may `CREATE DATABASE` from.
+        server_url: String,
+    },
+}
+
+/// The store's commit counters (`subagentd_store_commits_total`,
+/// `subagentd_store_changes_total`) at one scrape, or the difference of
+/// two.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Completed commits.
+    pub commits: u64,
+    /// Change sets those commits wrote.
+    pub changes: u64,
+}
+
+impl CommitCounts {
+    /// What happened between `before` and `self`.
+    pub fn since(self, before: Self) -> Self {
+        Self {
+            commits: self.commits.saturating_sub(before.commits),
+            changes: self.changes.saturating_sub(before.changes),
+        }
+    }
 }
 
 /// A server child process. Dropping it kills the process, so an early return
@@ -82,8 +125,15 @@ pub struct ServerProcess {
     label: &'static str,
     child: Child,
     addr: SocketAddr,
-    log: TempFile,
-    _config: Option<TempFile>,
+    /// subagentd's `GET /metrics` endpoint (None for the no-op server).
+    metrics_addr: Option<SocketAddr>,
+    log: TempPath,
+    _config: Option<TempPath>,
+    /// The embedded store's data directory. Declared after `child`, whose
+    /// kill in [`Drop`] runs first: the directory goes once nobody writes.
+    _data_dir: Option<TempPath>,
+    /// The PostgreSQL store's database, dropped by [`ServerProcess::stop`].
+    database: Option<BenchDatabase>,
 }
 
 impl ServerProcess {
@@ -91,9 +141,12 @@ impl ServerProcess {
     /// answers SERVING, at most `startup_timeout`.
     pub async fn start(kind: &ServerKind, startup_timeout: Duration) -> anyhow::Result<Self> {
         let addr = free_loopback_addr()?;
-        let log = TempFile::new("server", "log");
+        let log = TempPath::new("server", ".log");
         let log_file =
             File::create(&log.0).with_context(|| format!("cannot create {}", log.0.display()))?;
+        let mut data_dir = None;
+        let mut database = None;
+        let mut store_env: Vec<(&str, String)> = Vec::new();
         let (label, mut command, config) = match kind {
             ServerKind::Noop => {
                 let exe = std::env::current_exe().context("cannot find this binary")?;
@@ -101,8 +154,26 @@ impl ServerProcess {
                 command.arg("noop-server");
                 ("noop server", command, None)
             }
-            ServerKind::Subagentd { bin, config_toml } => {
-                let config = TempFile::new("config", "toml");
+            ServerKind::Subagentd {
+                bin,
+                config_toml,
+                store,
+            } => {
+                store_env.push(("SUBAGENTD_STORE__BACKEND", store.backend().to_owned()));
+                match store {
+                    BenchStore::Memory => {}
+                    BenchStore::Embedded => {
+                        let dir = TempPath::new("data", "");
+                        store_env.push(("SUBAGENTD_STORE__PATH", dir.0.display().to_string()));
+                        data_dir = Some(dir);
+                    }
+                    BenchStore::Postgres { server_url } => {
+                        let db = BenchDatabase::create(server_url).await?;
+                        store_env.push(("SUBAGENTD_STORE__URL", db.url.clone()));
+                        database = Some(db);
+                    }
+                }
+                let config = TempPath::new("config", ".toml");
                 std::fs::write(&config.0, config_toml)
                     .with_context(|| format!("cannot write {}", config.0.display()))?;
                 let mut command = Command::new(bin);
@@ -123,16 +194,23 @@ impl ServerProcess {
                 command.env_remove(key);
             }
         }
-        // Metrics on a free port; lifecycle log lines (one per ended agent
-        // at info) off: the bench measures scheduling, not log volume.
-        if config.is_some() {
+        // Metrics on a free port chosen here (the server logs its address
+        // only at info, which is off); lifecycle log lines (one per ended
+        // agent at info) off: the bench measures scheduling, not log volume.
+        let metrics_addr = if config.is_some() {
+            let metrics_addr = free_loopback_addr()?;
             command
-                .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+                .env(
+                    "SUBAGENTD_TELEMETRY__METRICS_LISTEN",
+                    metrics_addr.to_string(),
+                )
                 .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
-                // What the scenarios have always measured: no store.
-                .env("SUBAGENTD_STORE__BACKEND", "memory")
-                .env("RUST_LOG", "warn");
-        }
+                .env("RUST_LOG", "warn")
+                .envs(store_env);
+            Some(metrics_addr)
+        } else {
+            None
+        };
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {label} ({:?})", command.get_program()))?;
@@ -140,11 +218,51 @@ impl ServerProcess {
             label,
             child,
             addr,
+            metrics_addr,
             log,
             _config: config,
+            _data_dir: data_dir,
+            database,
         };
-        server.wait_ready(startup_timeout).await?;
+        if let Err(e) = server.wait_ready(startup_timeout).await {
+            server.discard().await;
+            return Err(e);
+        }
         Ok(server)
+    }
+
+    /// After a failed start: kill the process, drop its database.
+    async fn discard(mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if let Some(db) = self.database.take() {
+            if let Err(e) = db.remove().await {
+                eprintln!("warning: {e:#}");
+            }
+        }
+    }
+
+    /// The store's commit counters now, from subagentd's metrics endpoint.
+    pub async fn commit_counts(&self) -> anyhow::Result<CommitCounts> {
+        let addr = self
+            .metrics_addr
+            .with_context(|| format!("the {} has no metrics endpoint", self.label))?;
+        let url = format!("http://{addr}/metrics");
+        let body = async {
+            reqwest::Client::new()
+                .get(&url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await
+        }
+        .await
+        .with_context(|| format!("cannot scrape {url}"))?;
+        parse_commit_counts(&body).with_context(|| format!("in the answer of {url}"))
     }
 
     /// The address it listens on.
@@ -197,7 +315,22 @@ impl ServerProcess {
     /// than status 0, or no exit within [`STOP_TIMEOUT`] (then it is
     /// killed), is an error: a server that cannot shut down cleanly after a
     /// benchmark is broken.
+    /// A PostgreSQL store's database is dropped afterwards, whatever the
+    /// exit was.
     pub async fn stop(mut self) -> anyhow::Result<()> {
+        let stopped = self.stop_process().await;
+        let dropped = match self.database.take() {
+            Some(db) => db.remove().await,
+            None => Ok(()),
+        };
+        match (stopped, dropped) {
+            (Ok(()), dropped) => dropped,
+            (Err(e), Ok(())) => Err(e),
+            (Err(e), Err(drop)) => Err(e.context(format!("{drop:#}"))),
+        }
+    }
+
+    async fn stop_process(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "{} had already exited ({status}); its output:\n{}",
@@ -385,25 +518,148 @@ pub async fn connect(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Channel>>
     Ok(channels)
 }
 
-/// A file in the temp folder, removed on drop.
+/// A path in the temp folder, removed (file or whole directory) on drop.
 #[derive(Debug)]
-struct TempFile(PathBuf);
+struct TempPath(PathBuf);
 
-impl TempFile {
-    fn new(kind: &str, ext: &str) -> Self {
+impl TempPath {
+    /// `subagentd-bench-<pid>-<n>-<kind><suffix>`; nothing is created.
+    fn new(kind: &str, suffix: &str) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         Self(std::env::temp_dir().join(format!(
-            "subagentd-bench-{}-{n}-{kind}.{ext}",
+            "subagentd-bench-{}-{n}-{kind}{suffix}",
             std::process::id()
         )))
     }
 }
 
-impl Drop for TempFile {
+impl Drop for TempPath {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if self.0.is_dir() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
+}
+
+impl BenchStore {
+    /// The `[store] backend` value.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            BenchStore::Memory => "memory",
+            BenchStore::Embedded => "embedded",
+            BenchStore::Postgres { .. } => "postgres",
+        }
+    }
+}
+
+/// A database created for one server process on the `--postgres-url`
+/// server. [`BenchDatabase::remove`] drops it; if that never ran (a panic),
+/// [`Drop`] tries on a thread of its own.
+#[derive(Debug)]
+struct BenchDatabase {
+    server_url: String,
+    name: String,
+    /// Its URL, for `SUBAGENTD_STORE__URL`.
+    url: String,
+    removed: bool,
+}
+
+impl BenchDatabase {
+    async fn create(server_url: &str) -> anyhow::Result<Self> {
+        let name = format!("bench_{}", uuid::Uuid::new_v4().simple());
+        let url = database_url(server_url, &name)?;
+        admin(server_url, &format!("CREATE DATABASE {name}"))
+            .await
+            .context("creating the bench database (--postgres-url)")?;
+        Ok(Self {
+            server_url: server_url.to_owned(),
+            name,
+            url,
+            removed: false,
+        })
+    }
+
+    async fn remove(mut self) -> anyhow::Result<()> {
+        self.removed = true;
+        admin(&self.server_url, &self.drop_sql())
+            .await
+            .with_context(|| format!("dropping the bench database {}", self.name))
+    }
+
+    fn drop_sql(&self) -> String {
+        format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)
+    }
+}
+
+impl Drop for BenchDatabase {
+    fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
+        let (server, sql, name) = (self.server_url.clone(), self.drop_sql(), self.name.clone());
+        // Drop may run inside the runtime: a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(admin(&server, &sql)))
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("warning: could not drop the bench database {name}; drop it by hand");
+        }
+    }
+}
+
+/// Runs one statement on the server at `url`.
+async fn admin(url: &str, sql: &str) -> anyhow::Result<()> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .with_context(|| format!("cannot connect to {}", subagentd::config::redact_url(url)))?;
+    let connection = tokio::spawn(connection);
+    let done = client
+        .batch_execute(sql)
+        .await
+        .with_context(|| format!("{sql} failed"));
+    drop(client);
+    let _ = connection.await;
+    done
+}
+
+/// `server_url` with its database replaced by `name` (user, host, port and
+/// query parameters kept).
+fn database_url(server_url: &str, name: &str) -> anyhow::Result<String> {
+    let Some((scheme, rest)) = server_url.split_once("://") else {
+        bail!(
+            "--postgres-url must look like postgres://user@host:port/db (got {:?})",
+            subagentd::config::redact_url(server_url)
+        );
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let query = tail.find('?').map_or("", |at| &tail[at..]);
+    Ok(format!("{scheme}://{authority}/{name}{query}"))
+}
+
+/// The two store counters of a Prometheus text exposition.
+fn parse_commit_counts(body: &str) -> anyhow::Result<CommitCounts> {
+    let find = |series: &str| -> anyhow::Result<u64> {
+        body.lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(' ')?;
+                (name == series).then(|| value.trim().parse::<f64>().ok())
+            })
+            .flatten()
+            .map(|v| v as u64)
+            .with_context(|| format!("no {series} (is the server older than issue 13?)"))
+    };
+    Ok(CommitCounts {
+        commits: find("subagentd_store_commits_total")?,
+        changes: find("subagentd_store_changes_total")?,
+    })
 }
 
 #[cfg(test)]
@@ -416,6 +672,72 @@ mod tests {
             let config = subagentd::config::ConfigSource::from_toml_str(toml).unwrap();
             assert_eq!(config.limits.max_background_agents, 4_000_000_000);
             assert_eq!(config.limits.default_concurrency, 0);
+        }
+    }
+
+    #[test]
+    fn the_bench_database_replaces_only_the_database_of_the_url() {
+        assert_eq!(
+            database_url("postgres://subagentd@127.0.0.1:55432/postgres", "bench_1").unwrap(),
+            "postgres://subagentd@127.0.0.1:55432/bench_1"
+        );
+        assert_eq!(
+            database_url("postgresql://u:pw@db:5432", "bench_2").unwrap(),
+            "postgresql://u:pw@db:5432/bench_2"
+        );
+        assert_eq!(
+            database_url("postgres://u@db/x?sslmode=disable", "bench_3").unwrap(),
+            "postgres://u@db/bench_3?sslmode=disable"
+        );
+        assert!(database_url("db:5432", "bench_4").is_err());
+    }
+
+    #[test]
+    fn commit_counts_are_read_from_a_scrape() {
+        let body = "# HELP subagentd_store_commits Store commits.\n\
+                    # TYPE subagentd_store_commits counter\n\
+                    subagentd_store_commits_total 12\n\
+                    # TYPE subagentd_store_changes counter\n\
+                    subagentd_store_changes_total 345\n\
+                    # EOF\n";
+        let counts = parse_commit_counts(body).unwrap();
+        assert_eq!(
+            counts,
+            CommitCounts {
+                commits: 12,
+                changes: 345
+            }
+        );
+        assert_eq!(
+            CommitCounts {
+                commits: 20,
+                changes: 400
+            }
+            .since(counts),
+            CommitCounts {
+                commits: 8,
+                changes: 55
+            }
+        );
+        assert!(parse_commit_counts("# EOF\n").is_err());
+    }
+
+    #[test]
+    fn each_store_names_its_backend() {
+        for (store, backend) in [
+            (BenchStore::Memory, "memory"),
+            (BenchStore::Embedded, "embedded"),
+            (
+                BenchStore::Postgres {
+                    server_url: "postgres://x@y/z".into(),
+                },
+                "postgres",
+            ),
+        ] {
+            let toml = format!("{THROUGHPUT_CONFIG}\n[store]\nbackend = \"{backend}\"\nurl = \"postgres://x@y/z\"\n");
+            let config = subagentd::config::ConfigSource::from_toml_str(&toml).unwrap();
+            assert_eq!(serde_json::to_value(config.store.backend).unwrap(), backend);
+            assert_eq!(store.backend(), backend);
         }
     }
 }
