@@ -4,15 +4,13 @@
 
 use std::{sync::Arc, time::SystemTime};
 
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{Core, Record, RunControl, RunProgress, RunStart};
+use super::{Core, Record, RunControl, RunStart};
 use crate::config::RunnerKind;
 use crate::scheduler::{
     error::{Error, FieldViolation},
     events::EventKind,
-    inbox::steer_inbox,
     queue::Dirty,
     state::Held,
     trace::{random_span_id, SpanRecord, SpawnTrace, TraceContext, TraceId},
@@ -345,18 +343,8 @@ impl Core {
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
             rec.view.attempt += 1;
-            let (tx, rx) = steer_inbox();
-            rec.run = Some(Box::new(RunControl {
-                cancel: CancellationToken::new(),
-                steer: tx,
-                output: String::new(),
-                approval: None,
-                decision: None,
-                last_call: None,
-                identical_calls: 0,
-                process_group: None,
-                progress: Arc::new(RunProgress::new()),
-            }));
+            let (control, rx) = RunControl::fresh();
+            rec.run = Some(control);
             Some(rx)
         } else {
             None

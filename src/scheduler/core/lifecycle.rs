@@ -256,6 +256,26 @@ impl Core {
         true
     }
 
+    /// Queues the run for another attempt while `attempt ≤ retries`, else
+    /// ends it FAILED with `code` and `message(attempt)`. True if retried.
+    pub(super) fn retry_or_fail(
+        &mut self,
+        id: AgentId,
+        retries: u32,
+        code: &str,
+        dirty: &mut Dirty,
+        message: impl FnOnce(u32) -> String,
+    ) -> bool {
+        let attempt = self.agents[&id].view.attempt;
+        if attempt <= retries {
+            self.retry(id, dirty);
+            true
+        } else {
+            self.finish(id, Err(AgentError::new(code, message(attempt))));
+            false
+        }
+    }
+
     /// Queues a run whose worker was lost for another attempt, ahead of
     /// newer agents (it keeps its admission sequence).
     pub(super) fn retry(&mut self, id: AgentId, dirty: &mut Dirty) {

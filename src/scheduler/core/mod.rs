@@ -112,6 +112,26 @@ struct RunControl {
     process_group: Option<super::durable::ProcessGroup>,
 }
 
+impl RunControl {
+    /// Controls for a new run (a first start, or a worker run that
+    /// re-attached), and the steer inbox its runner reads.
+    fn fresh() -> (Box<Self>, SteerInbox) {
+        let (steer, inbox) = crate::scheduler::inbox::steer_inbox();
+        let control = Box::new(Self {
+            cancel: CancellationToken::new(),
+            steer,
+            output: String::new(),
+            approval: None,
+            decision: None,
+            last_call: None,
+            identical_calls: 0,
+            progress: Arc::new(RunProgress::new()),
+            process_group: None,
+        });
+        (control, inbox)
+    }
+}
+
 /// The time of a run's last report, shared with the task that watches it
 /// for staleness (an atomic, so reporting takes no extra lock).
 #[derive(Debug)]

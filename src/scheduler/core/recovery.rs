@@ -134,19 +134,15 @@ impl Core {
                 .agent_types
                 .get(&*rec.view.agent)
                 .map_or(0, |t| t.retry_on_restart);
-            if rec.view.attempt <= retries {
-                self.retry(id, &mut dirty);
+            let retried = self.retry_or_fail(id, retries, CODE_SERVER_RESTARTED, &mut dirty, |n| {
+                format!(
+                    "the run (attempt {n}) was interrupted by a server restart; \
+                     it may have had side effects before it stopped"
+                )
+            });
+            if retried {
                 report.retried += 1;
             } else {
-                let attempt = rec.view.attempt;
-                let error = AgentError::new(
-                    CODE_SERVER_RESTARTED,
-                    format!(
-                        "the run (attempt {attempt}) was interrupted by a server restart; \
-                         it may have had side effects before it stopped"
-                    ),
-                );
-                self.finish(id, Err(error));
                 report.failed += 1;
             }
         }
@@ -276,19 +272,12 @@ impl Core {
                 .agent_types
                 .get(&*rec.view.agent)
                 .map_or(0, |t| t.retry_on_worker_lost);
-            if rec.view.attempt <= retries {
-                self.retry(id, &mut dirty);
-            } else {
-                let error = AgentError::new(
-                    CODE_WORKER_LOST,
-                    format!(
-                        "no worker re-attached the run (attempt {}) within [runs] \
-                         worker_reattach_grace after a server restart",
-                        rec.view.attempt
-                    ),
-                );
-                self.finish(id, Err(error));
-            }
+            self.retry_or_fail(id, retries, CODE_WORKER_LOST, &mut dirty, |n| {
+                format!(
+                    "no worker re-attached the run (attempt {n}) within [runs] \
+                     worker_reattach_grace after a server restart"
+                )
+            });
         }
         self.drain(dirty);
         n

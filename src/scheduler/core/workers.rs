@@ -2,17 +2,11 @@
 //! fail or retry), its reports about runs, and the cancel-grace timers
 //! that free a stopped run's capacity.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::time::{Duration, SystemTime};
 
-use tokio_util::sync::CancellationToken;
-
-use super::{Core, RunControl, RunProgress, RunStart};
+use super::{Core, RunControl, RunStart};
 use crate::config::RunnerKind;
 use crate::scheduler::{
-    inbox::steer_inbox,
     queue::Dirty,
     types::*,
     workers::{HeldRun, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
@@ -96,20 +90,9 @@ impl Core {
         self.workers.hold(worker, id);
         let rec = self.agents.get_mut(&id).expect("checked above");
         rec.view.worker_id = Some(worker);
-        let (steer, inbox) = steer_inbox();
-        let progress = Arc::new(RunProgress::new());
-        let cancel = CancellationToken::new();
-        rec.run = Some(Box::new(RunControl {
-            cancel: cancel.clone(),
-            steer,
-            output: String::new(),
-            approval: None,
-            decision: None,
-            last_call: None,
-            identical_calls: 0,
-            process_group: None,
-            progress: progress.clone(),
-        }));
+        let (control, inbox) = RunControl::fresh();
+        let (progress, cancel) = (control.progress.clone(), control.cancel.clone());
+        rec.run = Some(control);
         let ran = rec
             .view
             .started_at
@@ -163,18 +146,12 @@ impl Core {
                 .agent_types
                 .get(&*rec.view.agent)
                 .map_or(0, |t| t.retry_on_worker_lost);
-            if rec.view.attempt <= retries {
-                self.retry(id, &mut dirty);
-            } else {
-                let error = AgentError::new(
-                    CODE_WORKER_LOST,
-                    format!(
-                        "worker \"{}\" ({worker}) was lost while holding the run (attempt {})",
-                        info.name, rec.view.attempt
-                    ),
-                );
-                self.finish(id, Err(error));
-            }
+            self.retry_or_fail(id, retries, CODE_WORKER_LOST, &mut dirty, |n| {
+                format!(
+                    "worker \"{}\" ({worker}) was lost while holding the run (attempt {n})",
+                    info.name
+                )
+            });
         }
         self.drain(dirty);
         held.len()
