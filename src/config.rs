@@ -177,20 +177,26 @@ impl fmt::Debug for StoreConfig {
     }
 }
 
-/// `url` fit for a log line or an error: a password in the user info
-/// shows as `***` (also one holding a `/`), a query string (which may carry
-/// `password=`) as `?***`, and a `key=value` connection string not at all.
+/// `url` fit for a log line, `--dump-config` or an error: a password in
+/// the user info shows as `***` (also one holding a `/`), and so does a
+/// `password` parameter, in the query or in a `key=value` connection
+/// string; everything else (host, database, `sslmode`, …) stays readable.
 pub fn redact_url(url: &str) -> String {
+    fn param(p: &str) -> String {
+        match p.split_once('=') {
+            Some((k, _)) if k.trim().eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => p.to_owned(),
+        }
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
-        return if url.is_empty() {
-            String::new()
-        } else {
-            "(a key=value connection string, not shown)".to_owned()
-        };
+        return url.split(' ').map(param).collect::<Vec<_>>().join(" ");
     };
     let (rest, query) = match rest.split_once('?') {
-        Some((rest, _)) => (rest, "?***"),
-        None => (rest, ""),
+        Some((rest, q)) => {
+            let q: Vec<String> = q.split('&').map(param).collect();
+            (rest, format!("?{}", q.join("&")))
+        }
+        None => (rest, String::new()),
     };
     let shown = match rest.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
@@ -1227,10 +1233,10 @@ mod tests {
             "postgres://u:***@h:1/db"
         );
         assert_eq!(
-            redact_url("postgres://u@h/db?password=x"),
-            "postgres://u@h/db?***"
+            redact_url("postgres://u@h/db?sslmode=require&password=x"),
+            "postgres://u@h/db?sslmode=require&password=***"
         );
-        assert!(!redact_url("host=h password=x").contains('x'));
+        assert_eq!(redact_url("host=h password=x"), "host=h password=***");
     }
 
     #[test]
