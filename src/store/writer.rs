@@ -56,8 +56,18 @@ impl Durability {
     /// Returns once the change numbered `ticket` is durable, or fails once
     /// the store has failed before writing it.
     pub async fn wait(&self, ticket: u64) -> Result<(), StoreFailed> {
+        self.wait_until(|w| w.durable >= ticket).await
+    }
+
+    /// Returns once every event up to `sequence` is durable, or fails once
+    /// the store has failed before writing it.
+    pub async fn wait_sequence(&self, sequence: u64) -> Result<(), StoreFailed> {
+        self.wait_until(|w| w.sequence >= sequence).await
+    }
+
+    async fn wait_until(&self, reached: impl Fn(&Watermark) -> bool) -> Result<(), StoreFailed> {
         let now = *self.rx.borrow();
-        if now.durable >= ticket {
+        if reached(&now) {
             return Ok(());
         }
         if now.failed {
@@ -65,17 +75,13 @@ impl Durability {
         }
         self.writer.poke();
         let mut rx = self.rx.clone();
-        let w = rx
-            .wait_for(|w| w.durable >= ticket || w.failed)
+        // The writer gone without failing also ends the wait (`Err`): it
+        // only stops with the process, so that is never durable.
+        let ok = rx
+            .wait_for(|w| reached(w) || w.failed)
             .await
-            .map(|w| *w)
-            // The writer is gone without failing: it only stops when the
-            // process does, so treat it as a failure, never as durable.
-            .unwrap_or(Watermark {
-                failed: true,
-                ..Watermark::default()
-            });
-        if w.durable >= ticket {
+            .is_ok_and(|w| reached(&w));
+        if ok {
             Ok(())
         } else {
             Err(StoreFailed)
@@ -92,29 +98,6 @@ impl Durability {
     pub fn poke_if_behind(&self, ticket: u64) {
         if self.rx.borrow().durable < ticket {
             self.writer.poke();
-        }
-    }
-
-    /// Returns once every event up to `sequence` is durable, or fails once
-    /// the store has failed before writing it.
-    pub async fn wait_sequence(&self, sequence: u64) -> Result<(), StoreFailed> {
-        let now = *self.rx.borrow();
-        if now.sequence >= sequence {
-            return Ok(());
-        }
-        if now.failed {
-            return Err(StoreFailed);
-        }
-        self.writer.poke();
-        let mut rx = self.rx.clone();
-        let reached = rx
-            .wait_for(|w| w.sequence >= sequence || w.failed)
-            .await
-            .is_ok_and(|w| w.sequence >= sequence);
-        if reached {
-            Ok(())
-        } else {
-            Err(StoreFailed)
         }
     }
 

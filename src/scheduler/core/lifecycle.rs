@@ -276,6 +276,22 @@ impl Core {
         }
     }
 
+    /// A worker run lost its worker (the session ended, or nobody
+    /// re-attached it after a restart): another attempt per the type's
+    /// `retry_on_worker_lost`, else FAILED `WORKER_LOST` with `message`.
+    pub(super) fn lose_worker_run(
+        &mut self,
+        id: AgentId,
+        dirty: &mut Dirty,
+        message: impl FnOnce(u32) -> String,
+    ) {
+        let retries = self
+            .agent_types
+            .get(&*self.agents[&id].view.agent)
+            .map_or(0, |t| t.retry_on_worker_lost);
+        self.retry_or_fail(id, retries, CODE_WORKER_LOST, dirty, message);
+    }
+
     /// Queues a run whose worker was lost for another attempt, ahead of
     /// newer agents (it keeps its admission sequence).
     pub(super) fn retry(&mut self, id: AgentId, dirty: &mut Dirty) {

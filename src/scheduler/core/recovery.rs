@@ -268,11 +268,7 @@ impl Core {
                 continue;
             }
             n += 1;
-            let retries = self
-                .agent_types
-                .get(&*rec.view.agent)
-                .map_or(0, |t| t.retry_on_worker_lost);
-            self.retry_or_fail(id, retries, CODE_WORKER_LOST, &mut dirty, |n| {
+            self.lose_worker_run(id, &mut dirty, |n| {
                 format!(
                     "no worker re-attached the run (attempt {n}) within [runs] \
                      worker_reattach_grace after a server restart"

@@ -142,11 +142,7 @@ impl Core {
             if rec.view.status.is_terminal() || rec.view.worker_id != Some(worker) {
                 continue;
             }
-            let retries = self
-                .agent_types
-                .get(&*rec.view.agent)
-                .map_or(0, |t| t.retry_on_worker_lost);
-            self.retry_or_fail(id, retries, CODE_WORKER_LOST, &mut dirty, |n| {
+            self.lose_worker_run(id, &mut dirty, |n| {
                 format!(
                     "worker \"{}\" ({worker}) was lost while holding the run (attempt {n})",
                     info.name
