@@ -203,13 +203,39 @@ pub(crate) mod tests {
             );
         }
         let got = open().load().unwrap().decode().unwrap();
-        assert_eq!(got.agents, vec![a2, c]);
+        assert_eq!(got.agents, vec![a2, c.clone()]);
         assert_eq!(
             got.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
             [4, 5],
             "events up to evicted_through are gone"
         );
         assert_eq!(got.position, position);
+
+        // Evictions by one handle, commit after commit (an engine may
+        // remember where the previous one ended).
+        let mut store = open();
+        for (events, evicted_through) in [(vec![6, 7], 4), (vec![8], 6), (vec![], 7)] {
+            let last_sequence = events.last().copied().unwrap_or(8);
+            commit(
+                store.as_mut(),
+                ChangeSet {
+                    events: events.into_iter().map(|s| event(s, &c)).collect(),
+                    position: LogPosition {
+                        last_sequence,
+                        evicted_through,
+                        next_admission: 4,
+                    },
+                    ..Default::default()
+                },
+            );
+        }
+        drop(store);
+        let got = open().load().unwrap().decode().unwrap();
+        assert_eq!(
+            got.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [8],
+            "each commit's eviction deletes what the previous one left"
+        );
     }
 
     #[test]

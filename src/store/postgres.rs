@@ -90,7 +90,10 @@ const DELETE_AGENTS: &str = "DELETE FROM subagentd_agents WHERE id = ANY($1::uui
 const INSERT_EVENTS: &str = "INSERT INTO subagentd_events (seq, row) \
      SELECT * FROM UNNEST($1::bigint[], $2::bytea[]) \
      ON CONFLICT (seq) DO UPDATE SET row = EXCLUDED.row";
-const EVICT_EVENTS: &str = "DELETE FROM subagentd_events WHERE seq <= $1";
+// Bounded below by the previous commit's `evicted_through`: the rows at or
+// under it are gone, but until vacuum their dead index entries are not,
+// and an unbounded `seq <= $2` would walk all of them on every commit.
+const EVICT_EVENTS: &str = "DELETE FROM subagentd_events WHERE seq > $1 AND seq <= $2";
 
 const LOAD_AGENTS: &str = "SELECT row FROM subagentd_agents ORDER BY seq";
 const LOAD_EVENTS: &str = "SELECT seq, row FROM subagentd_events ORDER BY seq";
@@ -116,6 +119,9 @@ pub struct PostgresStore {
     lock: tokio_postgres::Client,
     /// The URL, its password redacted.
     where_: String,
+    /// `evicted_through` as of this store's last commit; `None` before its
+    /// first (so that one deletes everything up to its own).
+    evicted_through: Option<i64>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -189,6 +195,7 @@ impl PostgresStore {
             pool,
             lock,
             where_,
+            evicted_through: None,
         };
         store.prepare()?;
         Ok(store)
@@ -280,6 +287,7 @@ impl Store for PostgresStore {
         let event_rows: Vec<&[u8]> = batch.events.iter().map(|(_, row)| &row[..]).collect();
         let p = batch.position;
         let evicted_through = to_i64(p.evicted_through, "evicted_through")?;
+        let evicted_before = self.evicted_through.unwrap_or(i64::MIN);
         let keys: &[&str] = &[LAST_SEQUENCE, EVICTED_THROUGH, NEXT_ADMISSION];
         let values: &[i64] = &[
             to_i64(p.last_sequence, "last_sequence")?,
@@ -308,7 +316,7 @@ impl Store for PostgresStore {
                 &[&ids, &seqs, &agent_rows],
                 &[&removed],
                 &[&event_seqs, &event_rows],
-                &[&evicted_through],
+                &[&evicted_before, &evicted_through],
                 &[&keys, &values],
             ];
             // In this order, as in the embedded store: events of this
@@ -328,7 +336,9 @@ impl Store for PostgresStore {
             // connection lost now leaves the outcome unknown: an Engine
             // error, never retried.
             tx.commit().await.or_engine(w)
-        })
+        })?;
+        self.evicted_through = Some(evicted_through);
+        Ok(())
     }
 
     fn load(&mut self) -> Result<Contents, StoreError> {
