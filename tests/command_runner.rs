@@ -947,3 +947,32 @@ async fn output_past_the_cap_keeps_the_run_from_going_stale() {
     assert_done(&a);
     assert!(a.result.contains("[output truncated"), "{}", a.result);
 }
+
+/// A command run inherits the server's environment, except the server's
+/// own `[store]` settings: `SUBAGENTD_STORE__URL` may carry the database
+/// password, and an agent's program has no business reading it.
+#[tokio::test]
+async fn a_command_run_inherits_the_environment_but_not_the_store_settings() {
+    let script = "printf '%s|%s|%s' \"${SUBAGENTD_STORE__URL-unset}\" \
+                  \"${SUBAGENTD_STORE__POOL_SIZE-unset}\" \"${SA_TEST_INHERITED-unset}\"";
+    let toml = config(&[("env", &["sh", "-c", script], "")]);
+    let server = common::child::ChildServer::start(
+        &toml,
+        &[
+            ("SUBAGENTD_STORE__BACKEND", "memory"),
+            (
+                "SUBAGENTD_STORE__URL",
+                "postgres://sa:s3cret@127.0.0.1:1/sa",
+            ),
+            ("SUBAGENTD_STORE__POOL_SIZE", "3"),
+            ("SA_TEST_INHERITED", "yes"),
+        ],
+    )
+    .await;
+    let mut client = server.client().await;
+    let agent = spawn(&mut client, cmd("env", "go")).await;
+    let done = settled(&mut client, &agent.id).await;
+    assert_eq!(done.status, pb::AgentStatus::Done as i32, "{done:?}");
+    assert_eq!(done.result, "unset|unset|yes");
+    assert!(server.stop().await.success());
+}

@@ -234,6 +234,9 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
     outcome(status, output.into_result(), stderr)
 }
 
+/// The environment variables of the server's `[store]` settings.
+const STORE_ENV_PREFIX: &[u8] = b"SUBAGENTD_STORE__";
+
 fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Child, AgentError> {
     let program = &cfg.command[0];
     let mut cmd = Command::new(program);
@@ -246,6 +249,15 @@ fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Chi
     }
     if let Some(cwd) = &cfg.cwd {
         cmd.current_dir(cwd);
+    }
+    // The server's own store settings stay with the server: a PostgreSQL
+    // URL given as SUBAGENTD_STORE__URL may carry the database password.
+    // The rest of the environment is inherited, as documented (a type's
+    // `env` may still set any of these on purpose).
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(STORE_ENV_PREFIX) {
+            cmd.env_remove(name);
+        }
     }
     let agent = &run.agent;
     cmd.envs(&cfg.env)
