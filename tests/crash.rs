@@ -1,9 +1,9 @@
 //! Issue 13 §5: kill -9 under load, repeated. Concurrent clients spawn
-//! (with idempotency keys), cancel and steer while recording every call the
+//! (with idempotency keys), cancel, steer and approve while recording every call the
 //! server acknowledged; a watcher records every event it saw; the server is
 //! SIGKILLed at a random moment and restarted on the same store. After each
 //! restart: every acknowledged spawn exists in a legal state, each key
-//! returns its first agent, acknowledged cancels and steers took effect, the
+//! returns its first agent, acknowledged cancels, steers and approvals took effect, the
 //! server passed its own recount (it refuses to serve otherwise), and a
 //! watch resumed after the last event seen is gap-free. `CRASH_CYCLES`
 //! (default 5) cycles per backend.
@@ -32,6 +32,8 @@ struct Acknowledged {
     cancelled: Vec<String>,
     /// Agent → the steer message the server buffered or delivered.
     steered: HashMap<String, String>,
+    /// Agents whose pending approval an Approve answered as approved.
+    approved: Vec<String>,
 }
 
 fn cycles() -> usize {
@@ -87,6 +89,17 @@ async fn crash_cycles(toml: &str) {
     let server = ChildServer::start(toml, &[]).await;
     let acknowledged = all.lock().clone();
     check_after_restart(&server, &acknowledged, last_seen, cycles()).await;
+    // Otherwise the checks above checked nothing of that kind.
+    assert!(
+        [
+            acknowledged.cancelled.len(),
+            acknowledged.steered.len(),
+            acknowledged.approved.len(),
+        ]
+        .iter()
+        .all(|n| *n > 0),
+        "every kind of call was acknowledged at least once"
+    );
     assert_eq!(server.stop().await.code(), Some(0));
 }
 
@@ -140,8 +153,11 @@ async fn client_loop(
 ) {
     for i in 0.. {
         let key = format!("c{cycle}-w{n}-{i}");
+        let approves = i % 3 == 2 && i % 5 != 1;
         let prompt = if i % 3 == 0 {
             "wait_steer\noutput steered"
+        } else if approves {
+            "approve shell\nsleep 20\noutput done"
         } else {
             "sleep 20\noutput done"
         };
@@ -183,6 +199,40 @@ async fn client_loop(
                     let mut all = all.lock();
                     all.cancelled.extend(cancelled.into_iter().map(|a| a.id));
                 }
+                Err(_) => return,
+            }
+        } else if approves {
+            // Await returns once the agent settles: here, at its approval.
+            let Ok(waited) = client
+                .r#await(pb::AwaitRequest {
+                    ids: vec![agent.id.clone()],
+                    timeout: Some(prost_types::Duration {
+                        seconds: 10,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })
+                .await
+            else {
+                return;
+            };
+            let Some(pending) = waited.into_inner().agents.remove(0).approval else {
+                continue;
+            };
+            match client
+                .approve(pb::ApproveRequest {
+                    id: agent.id.clone(),
+                    approval_id: pending.id,
+                    decision: pb::ApprovalDecision::Approve as i32,
+                    note: String::new(),
+                })
+                .await
+            {
+                Ok(_) => all.lock().approved.push(agent.id.clone()),
+                Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                    panic!("Approve of the pending approval Await showed: {e}")
+                }
+                // The server died mid-call.
                 Err(_) => return,
             }
         }
@@ -246,6 +296,25 @@ async fn check_after_restart(
             !done || a.result.contains(message.as_str()),
             "cycle {cycle}: {id} finished without its acknowledged steer: {:?}",
             a.result
+        );
+    }
+    // An acknowledged approval took effect: the run went on past it and
+    // either finished with the approval's output or was interrupted by a
+    // restart (retry_on_restart = 0) — never a run that starts over and
+    // asks again, never a decision lost with the agent still waiting.
+    for id in &all.approved {
+        let a = &found[id];
+        let ok = if a.status == pb::AgentStatus::Done as i32 {
+            a.result.contains("approved: shell")
+        } else {
+            a.status == pb::AgentStatus::Failed as i32
+                && a.error
+                    .as_ref()
+                    .is_some_and(|e| e.code == "SERVER_RESTARTED")
+        };
+        assert!(
+            ok,
+            "cycle {cycle}: {id} after its acknowledged approval: {a:?}"
         );
     }
     // Each key returns its first agent (a sample: every key would make the

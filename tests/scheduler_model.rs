@@ -821,11 +821,12 @@ impl Harness {
         }
         let interrupted = report.interrupted.clone();
         let held = report.held_for_workers.clone();
+        let paused = report.paused_worker_runs.clone();
         self.core.recover_runs(&mut report);
         self.core.reattach_grace_passed(&held);
         let events = self.drain_events();
         let ctx = &self.ctx;
-        for id in interrupted.iter().chain(&held) {
+        for id in interrupted.iter().chain(&held).chain(&paused) {
             let view = self.core.view(*id).expect("known agent");
             let code = view.error.as_ref().map(|e| e.code.to_string());
             let retried = events.contains(&(*id, EventKind::Retrying));
@@ -837,7 +838,7 @@ impl Harness {
                 // Ended by the cascade of an ancestor that failed first.
                 AgentStatus::Cancelled => true,
                 // The worker type retries once.
-                _ => retried && held.contains(id),
+                _ => retried && (held.contains(id) || paused.contains(id)),
             };
             assert!(
                 ok,
@@ -2106,6 +2107,131 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                 }
                 assert_eq!(again.counters(), again.recount(), "{ctx}");
             }
+        }
+    }
+}
+
+/// Issue 13 §4: an agent whose approval was decided while its bucket was
+/// full waits QUEUED with its run paused. The store keeps the decision,
+/// and recovery treats that run as interrupted: in process by the restart
+/// rules (`retry_on_restart`), on a worker by the worker-lost rules at once
+/// (a worker re-attaches only RUNNING and AWAITING_APPROVAL runs), never
+/// as an agent that has not started.
+#[test]
+fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
+    use subagentd::scheduler::WorkerInfo;
+    for kind in [RunnerKind::Simulated, RunnerKind::Worker] {
+        for retry in [0u32, 1] {
+            let ctx = format!("{kind:?} retry {retry}");
+            let types = BTreeMap::from([(
+                "t".to_owned(),
+                AgentTypeConfig {
+                    runner: kind,
+                    retry_on_restart: retry,
+                    retry_on_worker_lost: retry,
+                    ..AgentTypeConfig::default()
+                },
+            )]);
+            let limits = Limits {
+                default_concurrency: 1,
+                ..unlimited()
+            };
+            let watch = WatchConfig {
+                history: 64,
+                subscriber_buffer: 64,
+            };
+            let mut core = Core::new(limits.clone(), RunsConfig::default(), &watch, types.clone());
+            core.track_changes();
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let worker = core.register_worker(
+                WorkerInfo {
+                    name: "w".into(),
+                    agents: vec!["t".into()],
+                    capacity: 4,
+                    labels: BTreeMap::new(),
+                },
+                tx,
+                &[],
+            );
+            let spec = SpawnSpec {
+                agent: "t".to_owned(),
+                ..root_spec(true)
+            };
+            let now = SystemTime::now();
+            let (first, _) = core.spawn(spec.clone(), now).unwrap();
+            let (second, _) = core.spawn(spec, now).unwrap();
+            if kind == RunnerKind::Worker {
+                core.worker_report(
+                    worker,
+                    first.id,
+                    WorkerEvent::ApprovalRequest {
+                        tool_name: "shell".into(),
+                        detail: "ls".into(),
+                    },
+                );
+            } else {
+                core.request_approval(first.id, "shell", "ls").unwrap();
+            }
+            assert_eq!(
+                core.view(second.id).unwrap().status,
+                AgentStatus::Running,
+                "{ctx}: the paused run's bucket slot went to the next agent"
+            );
+            let approval = core.view(first.id).unwrap().approval.unwrap().id;
+            let outcome = ApprovalOutcome {
+                approved: true,
+                note: "ok".into(),
+            };
+            let decided = core
+                .decide_approval(first.id, approval, outcome.clone())
+                .unwrap();
+            assert_eq!(
+                decided.status,
+                AgentStatus::Queued,
+                "{ctx}: waits for its slot"
+            );
+
+            let _ = core.take_starts();
+            let (changes, _) = core.take_changes();
+            let stored = changes.agents.iter().find(|s| s.view.id == first.id);
+            assert_eq!(
+                stored.and_then(|s| s.decision.clone()),
+                Some((approval, outcome)),
+                "{ctx}: the decision is part of the stored state"
+            );
+            let mut batch = Batch::default();
+            batch.add(&changes);
+            let store = MemoryStore::new();
+            store.clone().commit(&batch).unwrap();
+
+            let mut again = Core::new(limits, RunsConfig::default(), &watch, types);
+            let mut report = again
+                .restore(store.clone().load().unwrap().decode().unwrap(), 64, 64)
+                .unwrap();
+            assert_eq!(report.queued, 0, "{ctx}: not counted as a queued agent");
+            again.recover_runs(&mut report);
+            let view = again.view(first.id).unwrap();
+            let code = view.error.as_ref().map(|e| e.code.to_string());
+            let counted = if retry == 1 {
+                assert!(
+                    matches!(view.status, AgentStatus::Queued | AgentStatus::Running),
+                    "{ctx}: queued again: {view:?}"
+                );
+                if view.status == AgentStatus::Running {
+                    assert_eq!(view.attempt, 2, "{ctx}: a new attempt");
+                }
+                report.retried
+            } else {
+                assert_eq!(view.status, AgentStatus::Failed, "{ctx}: {view:?}");
+                let expected = match kind {
+                    RunnerKind::Worker => "WORKER_LOST",
+                    _ => "SERVER_RESTARTED",
+                };
+                assert_eq!(code.as_deref(), Some(expected), "{ctx}");
+                report.failed
+            };
+            assert!(counted >= 1, "{ctx}: counted in the report: {report:?}");
+            assert_eq!(again.counters(), again.recount(), "{ctx}");
         }
     }
 }

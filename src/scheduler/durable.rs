@@ -6,7 +6,13 @@ use std::{sync::Arc, time::Duration};
 
 use crate::config::RunnerKind;
 
-use super::{events::Event, types::AgentView, AgentId};
+use uuid::Uuid;
+
+use super::{
+    events::Event,
+    types::{AgentView, ApprovalOutcome},
+    AgentId,
+};
 
 /// Everything needed to rebuild an agent's record after a restart: its
 /// public view plus what the core keeps beside it.
@@ -33,6 +39,11 @@ pub struct AgentState {
     /// The process group of a live command run, so that recovery can stop
     /// a program that outlived a crash of the server.
     pub process_group: Option<ProcessGroup>,
+    /// An approval decided while the agent waits QUEUED for the slots to
+    /// run again, with the approval's id: its run is paused, and receives
+    /// the decision when it resumes. Recovery uses it to tell such a run
+    /// (interrupted by a restart) from an agent that has not started.
+    pub decision: Option<(Uuid, ApprovalOutcome)>,
 }
 
 /// A command run's process group, as the runner recorded it.

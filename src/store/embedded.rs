@@ -27,12 +27,21 @@ const EVICTED_THROUGH: &str = "evicted_through";
 const NEXT_ADMISSION: &str = "next_admission";
 
 /// Migrations from each older schema version to the next: entry `i`
-/// upgrades version `i + 1` to `i + 2`. Empty while only version 1 exists.
-const MIGRATIONS: &[Migration] = &[];
+/// upgrades version `i + 1` to `i + 2`.
+const MIGRATIONS: &[Migration] = &[v1_to_v2];
+// One per version step, or a store of the missing step's version would be
+// recorded as current without its migration.
+const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize - 1);
 
 /// Rewrites what one schema version stored into the next version's form,
 /// inside the transaction that records the new version.
 type Migration = fn(&WriteTransaction) -> Result<(), redb::Error>;
+
+/// Version 2 added a field to agent rows that version 1 rows lack (see
+/// [`SCHEMA_VERSION`]): nothing to rewrite.
+fn v1_to_v2(_: &WriteTransaction) -> Result<(), redb::Error> {
+    Ok(())
+}
 
 /// An open embedded store; holds the file's lock until dropped.
 pub struct EmbeddedStore {
@@ -204,6 +213,24 @@ mod tests {
     fn the_embedded_store_keeps_what_each_commit_wrote() {
         let dir = tempfile::tempdir().unwrap();
         conformance(|| Box::new(EmbeddedStore::open(dir.path()).unwrap()));
+    }
+
+    #[test]
+    fn a_store_of_schema_version_1_is_migrated_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || EmbeddedStore::open(dir.path()).unwrap();
+        crate::store::memory::tests::migrates_from_version_1(
+            || Box::new(open()),
+            |v| open().set_schema_version(v),
+            || {
+                // Read without opening through `EmbeddedStore`, which would
+                // migrate first.
+                let db = Database::create(dir.path().join(FILE_NAME)).unwrap();
+                let tx = db.begin_read().unwrap();
+                let meta = tx.open_table(META).unwrap();
+                meta.get(SCHEMA).unwrap().unwrap().value()
+            },
+        );
     }
 
     #[test]

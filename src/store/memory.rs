@@ -238,6 +238,43 @@ pub(crate) mod tests {
         );
     }
 
+    /// An engine migrates a store of schema version 1 and keeps its rows:
+    /// `set_version` rewrites the recorded version (no store open), and
+    /// `version` reads it back.
+    pub(crate) fn migrates_from_version_1(
+        open: impl Fn() -> Box<dyn Store>,
+        set_version: impl Fn(u64),
+        version: impl Fn() -> u64,
+    ) {
+        // What version 1 wrote: rows without the fields version 2 added.
+        let mut a = full_state(1);
+        a.decision = None;
+        let position = LogPosition {
+            last_sequence: 1,
+            evicted_through: 0,
+            next_admission: 2,
+        };
+        commit(
+            open().as_mut(),
+            ChangeSet {
+                agents: vec![a.clone()],
+                events: vec![event(1, &a)],
+                removed: vec![],
+                position,
+            },
+        );
+        set_version(1);
+        assert_eq!(version(), 1);
+
+        let got = open().load().unwrap().decode().unwrap();
+        assert_eq!(version(), u64::from(crate::store::SCHEMA_VERSION));
+        const { assert!(crate::store::SCHEMA_VERSION > 1) };
+        assert_eq!(got.agents, vec![a.clone()]);
+        assert_eq!(got.events.len(), 1);
+        assert_eq!(got.events[0].agent, a.view);
+        assert_eq!(got.position, position);
+    }
+
     #[test]
     fn the_memory_store_keeps_what_each_commit_wrote() {
         let store = MemoryStore::new();

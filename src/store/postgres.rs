@@ -69,8 +69,15 @@ const CREATE_TABLES: &str = "
 
 /// Migrations from each older schema version to the next: entry `i`
 /// upgrades version `i + 1` to `i + 2`, as SQL run inside the transaction
-/// that records the new version. Empty while only version 1 exists.
-const MIGRATIONS: &[&str] = &[];
+/// that records the new version.
+const MIGRATIONS: &[&str] = &[
+    // 1 → 2: a field added to agent rows, which version 1 rows lack (see
+    // SCHEMA_VERSION): nothing to rewrite.
+    "",
+];
+// One per version step, or a database of the missing step's version would
+// be recorded as current without its migration.
+const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize - 1);
 
 const TRY_LOCK: &str = "SELECT pg_try_advisory_lock($1)";
 const UNLOCK: &str = "SELECT pg_advisory_unlock($1)";
@@ -570,6 +577,21 @@ mod tests {
         })
     }
 
+    /// The schema version recorded in the database at `url`, read on a
+    /// connection of its own (opening a store would migrate first).
+    fn schema_version(url: &str) -> u64 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let row = client.query_one(GET_SCHEMA, &[&SCHEMA]).await.unwrap();
+            u64::try_from(row.get::<_, i64>(0)).unwrap()
+        })
+    }
+
     fn open(url: &str) -> Result<PostgresStore, StoreError> {
         PostgresStore::open(url, None, 2)
     }
@@ -685,15 +707,26 @@ mod tests {
     }
 
     #[test]
+    fn a_database_of_schema_version_1_is_migrated_and_keeps_its_rows() {
+        let Some(db) = TestDb::create() else { return };
+        crate::store::memory::tests::migrates_from_version_1(
+            || Box::new(open(&db.url).unwrap()),
+            |v| {
+                admin(
+                    &db.url,
+                    &format!("UPDATE subagentd_meta SET value = {v} WHERE key = '{SCHEMA}'"),
+                )
+                .unwrap()
+            },
+            || schema_version(&db.url),
+        );
+    }
+
+    #[test]
     fn a_new_database_records_the_current_schema_version() {
         let Some(db) = TestDb::create() else { return };
-        let store = open(&db.url).unwrap();
-        let version = store.block_on(async {
-            let client = store.pool.get().await.unwrap();
-            let row = client.query_one(GET_SCHEMA, &[&SCHEMA]).await.unwrap();
-            row.get::<_, i64>(0)
-        });
-        assert_eq!(version, i64::from(SCHEMA_VERSION));
+        let _store = open(&db.url).unwrap();
+        assert_eq!(schema_version(&db.url), u64::from(SCHEMA_VERSION));
     }
 
     #[test]

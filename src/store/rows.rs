@@ -22,7 +22,7 @@ use crate::{
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentError, AgentStatus, AgentView, Approval, Usage,
+        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Usage,
     },
 };
 
@@ -133,6 +133,20 @@ pub(super) struct AgentRow {
     process_group: Option<i32>,
     #[prost(uint64, tag = "11")]
     process_start_ticks: u64,
+    /// Since schema 2.
+    #[prost(message, optional, tag = "12")]
+    decision: Option<DecisionRow>,
+}
+
+/// A decided approval its paused run has not received yet.
+#[derive(Clone, PartialEq, Message)]
+struct DecisionRow {
+    #[prost(bytes = "vec", tag = "1")]
+    approval_id: Vec<u8>,
+    #[prost(bool, tag = "2")]
+    approved: bool,
+    #[prost(string, tag = "3")]
+    note: String,
 }
 
 /// One row of the `events` table (keyed by its sequence).
@@ -160,6 +174,11 @@ pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
         sampled: state.sampled,
         process_group: state.process_group.map(|g| g.pgid),
         process_start_ticks: state.process_group.map_or(0, |g| g.start_ticks),
+        decision: state.decision.as_ref().map(|(id, outcome)| DecisionRow {
+            approval_id: id.as_bytes().to_vec(),
+            approved: outcome.approved,
+            note: outcome.note.clone(),
+        }),
     }
     .encode_to_vec()
 }
@@ -181,6 +200,16 @@ pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
             pgid,
             start_ticks: row.process_start_ticks,
         }),
+        decision: row
+            .decision
+            .map(|d| -> Result<_, StoreError> {
+                let outcome = ApprovalOutcome {
+                    approved: d.approved,
+                    note: d.note,
+                };
+                Ok((uuid_of(&d.approval_id)?, outcome))
+            })
+            .transpose()?,
     })
 }
 
@@ -487,6 +516,13 @@ pub(crate) mod tests {
                 pgid: 4242,
                 start_ticks: 987_654,
             }),
+            decision: Some((
+                Uuid::now_v7(),
+                ApprovalOutcome {
+                    approved: true,
+                    note: "go ahead".into(),
+                },
+            )),
         }
     }
 
@@ -505,6 +541,7 @@ pub(crate) mod tests {
         bare.prompt = None;
         bare.idempotency_key = None;
         bare.process_group = None;
+        bare.decision = None;
         assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
     }
 

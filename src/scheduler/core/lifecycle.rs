@@ -279,17 +279,18 @@ impl Core {
     /// A worker run lost its worker (the session ended, or nobody
     /// re-attached it after a restart): another attempt per the type's
     /// `retry_on_worker_lost`, else FAILED `WORKER_LOST` with `message`.
+    /// True if retried.
     pub(super) fn lose_worker_run(
         &mut self,
         id: AgentId,
         dirty: &mut Dirty,
         message: impl FnOnce(u32) -> String,
-    ) {
+    ) -> bool {
         let retries = self
             .agent_types
             .get(&*self.agents[&id].view.agent)
             .map_or(0, |t| t.retry_on_worker_lost);
-        self.retry_or_fail(id, retries, CODE_WORKER_LOST, dirty, message);
+        self.retry_or_fail(id, retries, CODE_WORKER_LOST, dirty, message)
     }
 
     /// Queues a run whose worker was lost for another attempt, ahead of

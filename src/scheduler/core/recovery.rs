@@ -7,6 +7,12 @@
 //! that was live is gone with its process: queued again (`retry_on_restart`)
 //! or FAILED `SERVER_RESTARTED` — are ordinary transitions, tracked like
 //! any other, so they reach the store as one batch and watchers see them.
+//!
+//! "Live" includes a run paused after its approval was decided, while the
+//! agent waits QUEUED for the slots to run again (its stored decision
+//! says so): in process, that run is as gone as a RUNNING one. A worker
+//! holds such a run paused, but re-attach resumes only RUNNING and
+//! AWAITING_APPROVAL runs, so it follows the worker-lost rules at once.
 
 use std::{sync::Arc, time::SystemTime};
 
@@ -27,14 +33,18 @@ pub struct RecoveryReport {
     pub agents: usize,
     /// Agents queued (again) in their original order.
     pub queued: usize,
-    /// In-process runs queued again for another attempt.
+    /// Interrupted runs queued again for another attempt.
     pub retried: usize,
-    /// In-process runs failed with SERVER_RESTARTED.
+    /// Interrupted runs failed (SERVER_RESTARTED, or WORKER_LOST for a
+    /// worker run paused after its approval).
     pub failed: usize,
     /// Worker runs kept for their workers to re-attach.
     pub held_for_workers: Vec<AgentId>,
     /// In-process runs that were live: [`Core::recover_runs`] decides.
     pub interrupted: Vec<AgentId>,
+    /// Worker runs paused after their approval, waiting for their slots:
+    /// [`Core::recover_runs`] applies the worker-lost rules.
+    pub paused_worker_runs: Vec<AgentId>,
     /// The recorded process groups of interrupted command runs, with their
     /// agent type: stop them before deciding (they may have outlived a
     /// SIGKILL of the server).
@@ -76,6 +86,7 @@ impl Core {
         for state in agents {
             self.next_seq = self.next_seq.max(state.seq + 1);
             let (id, status) = (state.view.id, state.view.status);
+            let paused = status == AgentStatus::Queued && state.decision.is_some();
             if let (Some(group), false) = (state.process_group, status.is_terminal()) {
                 report
                     .process_groups
@@ -83,6 +94,13 @@ impl Core {
             }
             self.insert_restored(state)?;
             match status {
+                AgentStatus::Queued if paused => {
+                    if self.agents[&id].runner == RunnerKind::Worker {
+                        report.paused_worker_runs.push(id);
+                    } else {
+                        interrupted.push(id);
+                    }
+                }
                 AgentStatus::Queued => report.queued += 1,
                 AgentStatus::Running | AgentStatus::AwaitingApproval => {
                     if self.agents[&id].runner == RunnerKind::Worker {
@@ -146,6 +164,26 @@ impl Core {
                 report.failed += 1;
             }
         }
+        for &id in &report.paused_worker_runs {
+            if self
+                .agents
+                .get(&id)
+                .is_none_or(|r| r.view.status.is_terminal())
+            {
+                continue;
+            }
+            let retried = self.lose_worker_run(id, &mut dirty, |n| {
+                format!(
+                    "the run (attempt {n}) was approved and waiting for its slots when the \
+                     server restarted; a worker cannot re-attach a paused run"
+                )
+            });
+            if retried {
+                report.retried += 1;
+            } else {
+                report.failed += 1;
+            }
+        }
         self.drain(dirty);
     }
 
@@ -164,6 +202,8 @@ impl Core {
             span_id,
             sampled,
             process_group: _,
+            // Its run is gone; recovery decides the agent's fate.
+            decision: _,
         } = state;
         let id = view.id;
         if self.agents.contains_key(&id) || self.order.contains_key(&seq) {

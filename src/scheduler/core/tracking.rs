@@ -139,5 +139,6 @@ pub(super) fn state_of(rec: &Record) -> AgentState {
         span_id: rec.span_id,
         sampled: rec.sampled,
         process_group: rec.run.as_ref().and_then(|r| r.process_group),
+        decision: rec.run.as_ref().and_then(|r| r.decision.clone()),
     }
 }
