@@ -10,7 +10,9 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    io::{Read, Write},
     net::SocketAddr,
+    os::fd::{AsRawFd, RawFd},
     process::Stdio,
     sync::Arc,
     time::Duration,
@@ -124,18 +126,10 @@ impl Runner for CommandRunner {
 
 async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> RunOutcome {
     let cfg = run.agent_type.clone();
-    let mut child = spawn(&cfg, api_addr.as_deref(), &run)?;
+    let mut child = start(&cfg, api_addr.as_deref(), &run).await?;
     // From here on, however this future ends (finished, or dropped on
     // cancel or deadline), the group is stopped.
     let mut group = GroupGuard::new(&child, cfg.kill_grace(), groups);
-    if let Some(pgid) = group.pgid {
-        // Recorded with the run, so a restart after a crash of the server
-        // can stop a program that outlived it.
-        if let Some(start_ticks) = start_ticks(pgid) {
-            run.reporter
-                .process_group(ProcessGroup { pgid, start_ticks });
-        }
-    }
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -237,7 +231,113 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
 /// The environment variables of the server's `[store]` settings.
 const STORE_ENV_PREFIX: &[u8] = b"SUBAGENTD_STORE__";
 
-fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Child, AgentError> {
+/// Starts the program so that it runs only once its process group is
+/// recorded with the run and durable: a restart after a crash of the
+/// server then knows every program that may have outlived it.
+///
+/// The child, between fork and exec, writes its pid to one pipe and waits
+/// for a byte on another. The server records the group (its pid and start
+/// time, which exec keeps), waits until that is durable, then sends the
+/// byte and the child execs the program. A server that dies first closes
+/// the pipe, and the child exits without running anything. The spawn call
+/// returns only after exec, so it runs on a blocking thread meanwhile.
+#[allow(unsafe_code)]
+async fn start(
+    cfg: &AgentTypeConfig,
+    api_addr: Option<&str>,
+    run: &Run,
+) -> Result<Child, AgentError> {
+    let mut cmd = command(cfg, api_addr, run);
+    let (mut pid_rx, pid_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
+    let (gate_rx, mut gate_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
+    let (pid_fd, gate_fd) = (pid_tx.as_raw_fd(), gate_rx.as_raw_fd());
+    // SAFETY: the hook runs in the child between fork and exec and only
+    // calls async-signal-safe functions (getpid, write, read) on two
+    // descriptors the parent keeps open until `spawn` returns; it does not
+    // allocate. Both pipes are close-on-exec, so the program gets neither.
+    unsafe {
+        cmd.pre_exec(move || exec_gate(pid_fd, gate_fd));
+    }
+    let spawning = tokio::task::spawn_blocking(move || {
+        let child = cmd.spawn();
+        drop((pid_tx, gate_rx));
+        child
+    });
+    // Ends with an error, not a pid, when the spawn fails before the
+    // child's hook runs (the parent's write end closes with it).
+    let pid = tokio::task::spawn_blocking(move || {
+        let mut pid = [0; 4];
+        pid_rx
+            .read_exact(&mut pid)
+            .map(|()| i32::from_ne_bytes(pid))
+    })
+    .await;
+    if let Ok(Ok(pgid)) = pid {
+        // The child leads its own group (set before the hook runs).
+        if let Some(start_ticks) = start_ticks(pgid) {
+            let group = ProcessGroup { pgid, start_ticks };
+            if run.reporter.process_group(group).await.is_err() {
+                // The store failed (the server is stopping): the program
+                // never runs; the closed pipe ends the child.
+                drop(gate_tx);
+                let _ = spawning.await;
+                return Err(AgentError::new(
+                    CODE_SPAWN_FAILED,
+                    "not started: the store failed before the program's process group was \
+                     recorded",
+                ));
+            }
+        }
+        // A child that is gone already (killed) cannot read it: no matter.
+        let _ = gate_tx.write_all(&[1]);
+    }
+    drop(gate_tx);
+    match spawning.await {
+        Ok(Ok(child)) => Ok(child),
+        Ok(Err(e)) => Err(spawn_failed(cfg, &e)),
+        Err(e) => Err(AgentError::new(
+            CODE_SPAWN_FAILED,
+            format!("starting the program failed: {e}"),
+        )),
+    }
+}
+
+/// The child's side of [`start`]'s handshake, between fork and exec.
+#[allow(unsafe_code)]
+fn exec_gate(pid_fd: RawFd, gate_fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: async-signal-safe calls on descriptors valid in the child
+    // (see `start`), into buffers on this stack.
+    unsafe {
+        let pid = libc::getpid().to_ne_bytes();
+        if libc::write(pid_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut byte = 0u8;
+        loop {
+            match libc::read(gate_fd, (&raw mut byte).cast(), 1) {
+                1 => return Ok(()),
+                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+                // End of file: the server is gone (or gave up on the run).
+                // No allocation here, so an error code rather than a message.
+                _ => return Err(std::io::Error::from_raw_os_error(libc::ECANCELED)),
+            }
+        }
+    }
+}
+
+fn spawn_failed(cfg: &AgentTypeConfig, e: &std::io::Error) -> AgentError {
+    let place = match &cfg.cwd {
+        Some(cwd) if !cwd.is_dir() => format!(" (cwd {cwd:?} is not a directory)"),
+        _ => String::new(),
+    };
+    AgentError::new(
+        CODE_SPAWN_FAILED,
+        format!("cannot start {:?}: {e}{place}", cfg.command[0]),
+    )
+}
+
+/// The program's command line, environment and standard streams.
+fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command {
     let program = &cfg.command[0];
     let mut cmd = Command::new(program);
     for arg in &cfg.command[1..] {
@@ -287,16 +387,7 @@ fn spawn(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Result<Chi
     // Its own process group, so a cancel reaches everything it started.
     .process_group(0)
     .kill_on_drop(false);
-    cmd.spawn().map_err(|e| {
-        let place = match &cfg.cwd {
-            Some(cwd) if !cwd.is_dir() => format!(" (cwd {cwd:?} is not a directory)"),
-            _ => String::new(),
-        };
-        AgentError::new(
-            CODE_SPAWN_FAILED,
-            format!("cannot start {program:?}: {e}{place}"),
-        )
-    })
+    cmd
 }
 
 /// Exit 0 → the result; otherwise FAILED `EXIT_<n>` or `SIGNAL_<n>`, with
@@ -548,5 +639,88 @@ mod tests {
         assert_eq!(r.api_addr.as_deref(), Some("http://127.0.0.1:50051"));
         let r = CommandRunner::new(Some("10.1.2.3:7".parse().unwrap()));
         assert_eq!(r.api_addr.as_deref(), Some("http://10.1.2.3:7"));
+    }
+
+    /// Issue 13 §4: a program runs only once its process group is durable,
+    /// so no crash of the server can leave a program running that recovery
+    /// does not know of. The store checks, at the commit that records the
+    /// group, that the program has not run yet.
+    #[tokio::test]
+    async fn a_program_runs_only_once_its_process_group_is_durable() {
+        use std::collections::HashMap;
+
+        use crate::{
+            config::{ConfigSource, RunnerKind},
+            scheduler::{AwaitMode, Scheduler, SpawnSpec},
+            store::{memory::MemoryStore, writer::Writer, Batch, Contents, Store, StoreError},
+        };
+
+        /// Commits into memory; at a commit that records a process group,
+        /// gives the program time to show it ran (it would within
+        /// milliseconds) and counts whether it did.
+        struct Watching {
+            inner: MemoryStore,
+            marker: std::path::PathBuf,
+            /// (groups recorded, of those: the program had already run)
+            seen: Arc<Mutex<(usize, usize)>>,
+        }
+        impl Store for Watching {
+            fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+                if !batch.process_groups().is_empty() {
+                    // Proving that something does not happen takes a bound.
+                    std::thread::sleep(Duration::from_millis(300));
+                    let mut seen = self.seen.lock();
+                    seen.0 += 1;
+                    seen.1 += usize::from(self.marker.exists());
+                }
+                self.inner.commit(batch)
+            }
+            fn load(&mut self) -> Result<Contents, StoreError> {
+                self.inner.load()
+            }
+            fn describe(&self) -> String {
+                "watching".into()
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let toml = format!(
+            "[agents.touch]\nrunner = \"command\"\ncommand = [\"sh\", \"-c\", \"touch '{}'; echo ran\"]\n",
+            marker.display()
+        );
+        let config = ConfigSource::from_toml_str(&toml).unwrap();
+        let runner: Arc<dyn Runner> = Arc::new(CommandRunner::new(None));
+        let s = Scheduler::with_runners(&config, HashMap::from([(RunnerKind::Command, runner)]));
+        let seen = Arc::new(Mutex::new((0, 0)));
+        let store = Watching {
+            inner: MemoryStore::new(),
+            marker: marker.clone(),
+            seen: seen.clone(),
+        };
+        let writer = Writer::start(Box::new(store), s.change_source(), |_| {}).unwrap();
+        s.attach_durability(writer.durability());
+
+        let agent = s
+            .spawn(SpawnSpec {
+                agent: "touch".into(),
+                model: "acme/m".into(),
+                prompt: "go".into(),
+                background: true,
+                ..SpawnSpec::default()
+            })
+            .await
+            .unwrap();
+        let (done, _) = s
+            .await_agents(&[agent.id], Some(Duration::from_secs(30)), AwaitMode::All)
+            .await
+            .unwrap();
+        assert_eq!(done[0].result.as_ref(), "ran\n", "{:?}", done[0]);
+        assert!(marker.exists(), "the program ran in the end");
+        assert_eq!(
+            *seen.lock(),
+            (1, 0),
+            "one commit recorded the group, before the program ran"
+        );
     }
 }

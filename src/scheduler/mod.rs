@@ -769,11 +769,15 @@ impl RunReporter {
             .inspect_mut(|c| c.append_output(self.id, chunk));
     }
 
-    /// A command run's program runs as process group `group` (recorded,
-    /// so a restart can stop it).
-    pub fn process_group(&self, group: durable::ProcessGroup) {
-        self.scheduler
-            .inspect_mut(|c| c.record_process_group(self.id, group));
+    /// A command run's program is about to run as process group `group`:
+    /// recorded with the run, and resolves once that is durable, so a
+    /// restart after a crash can stop it. Err when the store failed.
+    pub async fn process_group(&self, group: durable::ProcessGroup) -> Result<(), Error> {
+        let ticket = self.scheduler.inspect_mut(|c| {
+            c.record_process_group(self.id, group);
+            c.ticket()
+        });
+        self.scheduler.durable(ticket).await
     }
 
     /// Says the run is still working although it reports nothing (output

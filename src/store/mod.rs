@@ -195,6 +195,21 @@ pub trait Store: Send {
     fn describe(&self) -> String;
 }
 
+impl Batch {
+    /// The process groups this batch records, by agent (for tests of what
+    /// is durable when).
+    #[cfg(test)]
+    pub(crate) fn process_groups(&self) -> Vec<(AgentId, crate::scheduler::durable::ProcessGroup)> {
+        self.agents
+            .iter()
+            .filter_map(|(id, row)| {
+                let state = rows::decode_agent(row.as_deref()?).ok()?;
+                Some((*id, state.process_group?))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
