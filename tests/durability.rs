@@ -428,6 +428,90 @@ async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_
     assert_eq!(server.stop().await.code(), Some(0));
 }
 
+#[tokio::test]
+async fn a_released_worker_run_stays_ended_after_a_crash_embedded() {
+    released_worker_run_stays_ended("embedded").await;
+}
+
+#[tokio::test]
+async fn a_released_worker_run_stays_ended_after_a_crash_postgres() {
+    released_worker_run_stays_ended("postgres").await;
+}
+
+/// Issue 13 §2 ("a worker's report was accepted"): the server answers a
+/// terminal event with `released` only once it is durable, so a worker
+/// that forgets the run then loses nothing to a crash; a worker that
+/// crashed the server before its `released` still holds the run, names
+/// it, and its repeated `done` finishes it after the re-attach.
+async fn released_worker_run_stays_ended(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
+    let toml = format!(
+        "{}[agents.coder]\nrunner = \"worker\"\n",
+        store
+            .config()
+            .replace("default_concurrency = 1", "default_concurrency = 0")
+    );
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let mut worker = RawWorker::connect(&server, vec![]).await;
+    let released = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..common::bg("acme/m", "finish before the crash")
+        },
+    )
+    .await;
+    let unreleased = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..common::bg("acme/m", "finish after the crash")
+        },
+    )
+    .await;
+    for _ in 0..2 {
+        let pb::connect_response::Message::Assign(_) = worker.next().await else {
+            panic!("expected assignments");
+        };
+    }
+    worker.done(&released.id, "kept");
+    let pb::connect_response::Message::Released(r) = worker.next().await else {
+        panic!("expected released");
+    };
+    assert_eq!((r.agent_id.as_str(), r.attempt), (released.id.as_str(), 1));
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+    drop(worker);
+
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let ended = common::status_of(&mut client, &released.id).await;
+    assert_eq!(common::status(&ended), pb::AgentStatus::Done, "{ended:?}");
+    assert_eq!(ended.result, "kept");
+    // The other run's `done` never reached the server: the worker still
+    // holds it (as if that report was lost in the crash) and sends it again.
+    let mut worker = RawWorker::connect(
+        &server,
+        vec![pb::HeldRun {
+            agent_id: unreleased.id.clone(),
+            attempt: 1,
+        }],
+    )
+    .await;
+    worker.done(&unreleased.id, "sent again");
+    let pb::connect_response::Message::Released(r) = worker.next().await else {
+        panic!("expected released");
+    };
+    assert_eq!(r.agent_id, unreleased.id);
+    let done = await_one(&mut client, &unreleased.id).await;
+    assert_eq!(common::status(&done), pb::AgentStatus::Done);
+    assert_eq!(done.result, "sent again");
+    assert_eq!(server.stop().await.code(), Some(0));
+}
+
 /// Whether `pid` is gone or a zombie nobody reaped (dead either way).
 fn dead(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

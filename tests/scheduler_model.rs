@@ -1416,6 +1416,11 @@ impl Harness {
                         );
                     }
                     WorkerCommand::Steer { .. } => {}
+                    // Sent by the scheduler once a terminal report is
+                    // durable, never by the core.
+                    WorkerCommand::Released { agent_id, .. } => {
+                        panic!("{ctx}: the core released {agent_id}")
+                    }
                 }
             }
         }

@@ -40,6 +40,9 @@ struct Worker {
     id: String,
     tx: mpsc::UnboundedSender<pb::ConnectRequest>,
     rx: Streaming<pb::ConnectResponse>,
+    /// `released` messages seen while waiting for others (they follow
+    /// every terminal event, interleaved with whatever comes next).
+    released: Vec<pb::RunReleased>,
 }
 
 async fn worker_client(addr: std::net::SocketAddr) -> WorkerServiceClient<Channel> {
@@ -106,11 +109,31 @@ impl Worker {
             id: w.worker_id,
             tx,
             rx,
+            released: Vec::new(),
         }
     }
 
+    /// The next message other than `released` (those are kept).
     async fn next(&mut self) -> connect_response::Message {
-        next(&mut self.rx).await.message.expect("message set")
+        loop {
+            match next(&mut self.rx).await.message.expect("message set") {
+                connect_response::Message::Released(r) => self.released.push(r),
+                other => return other,
+            }
+        }
+    }
+
+    /// The `released` for `agent_id`: one seen already, or the next one.
+    async fn released(&mut self, agent_id: &str) -> pb::RunReleased {
+        loop {
+            if let Some(at) = self.released.iter().position(|r| r.agent_id == agent_id) {
+                return self.released.remove(at);
+            }
+            match next(&mut self.rx).await.message.expect("message set") {
+                connect_response::Message::Released(r) => self.released.push(r),
+                other => panic!("expected released for {agent_id}, got {other:?}"),
+            }
+        }
     }
 
     async fn assignment(&mut self) -> pb::RunAssignment {
@@ -300,6 +323,10 @@ async fn a_worker_runs_an_agent_to_done() {
     assert!(assigned.deadline.is_some());
     w.send(&a.id, run_event::Event::Output("part one".into()));
     w.done(&a.id, "all done");
+    // The terminal event is answered once it is durable: the worker may
+    // forget the run.
+    let released = w.released(&a.id).await;
+    assert_eq!(released.attempt, 1);
     let done = await_all(&mut s.client, &[&a.id]).await;
     assert_eq!(status(&done[0]), pb::AgentStatus::Done);
     assert_eq!(done[0].result, "all done");

@@ -708,6 +708,10 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
             approved: outcome.approved,
             note: outcome.note,
         }),
+        WorkerCommand::Released { agent_id, attempt } => M::Released(pb::RunReleased {
+            agent_id: agent_id.to_string(),
+            attempt,
+        }),
     };
     pb::ConnectResponse {
         message: Some(message),

@@ -389,8 +389,25 @@ impl Scheduler {
     }
 
     /// A worker reported on one of its runs (see [`Core::worker_report`]).
+    ///
+    /// A terminal report is answered with `released` once it is durable:
+    /// until then the worker keeps the run, so a crash of the server that
+    /// loses the report finds the run still held and the worker sends it
+    /// again after the re-attach.
     pub fn worker_report(&self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
-        self.with_core(|c| c.worker_report(worker, agent, event))
+        let terminal = event.is_terminal();
+        let (accepted, ticket) = self.with_core_ticket(|c| c.worker_report(worker, agent, event));
+        if terminal {
+            let this = self.clone();
+            tokio::spawn(async move {
+                // A failed store stops the server: the worker keeps the run
+                // for the next one.
+                if this.durable(ticket).await.is_ok() {
+                    this.inspect(|c| c.release_worker_run(worker, agent));
+                }
+            });
+        }
+        accepted
     }
 
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
@@ -938,6 +955,88 @@ mod tests {
         let stored = memory.clone().load().unwrap().decode().unwrap();
         assert_eq!(stored.agents.len(), 1, "only the first agent was written");
         assert_eq!(stored.agents[0].view.id, first.id);
+    }
+
+    /// Issue 13 §2: a worker's terminal report is answered with
+    /// `released` only once the store has it; until then the worker must
+    /// keep the run (a crash would lose the report).
+    #[tokio::test]
+    async fn a_worker_run_is_released_only_once_its_end_is_durable() {
+        use crate::store::{memory::MemoryStore, Batch, Contents, Store, StoreError};
+
+        /// Commits into memory, holding each commit while `held` is set.
+        struct Held {
+            inner: MemoryStore,
+            held: Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
+        }
+        impl Store for Held {
+            fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
+                let (lock, cvar) = &*self.held;
+                let mut held = lock.lock();
+                while *held {
+                    cvar.wait(&mut held);
+                }
+                self.inner.commit(batch)
+            }
+            fn load(&mut self) -> Result<Contents, StoreError> {
+                self.inner.load()
+            }
+            fn describe(&self) -> String {
+                "held".into()
+            }
+        }
+
+        let s = scheduler_with(
+            Arc::new(CountingRunner::default()),
+            "[agents.coder]\nrunner = \"worker\"\n",
+        );
+        let held = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+        let store = Held {
+            inner: MemoryStore::new(),
+            held: held.clone(),
+        };
+        let writer =
+            crate::store::writer::Writer::start(Box::new(store), s.change_source(), |_| {})
+                .unwrap();
+        s.attach_durability(writer.durability());
+        let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
+        let worker = s.register_worker(
+            WorkerInfo {
+                name: "w".into(),
+                agents: vec!["coder".into()],
+                capacity: 1,
+                labels: Default::default(),
+            },
+            tx,
+            &[],
+        );
+        let agent = s
+            .spawn(SpawnSpec {
+                agent: "coder".into(),
+                ..spec()
+            })
+            .await
+            .unwrap();
+        let Some(WorkerCommand::Assign(_)) = commands.recv().await else {
+            panic!("expected the assignment");
+        };
+
+        *held.0.lock() = true;
+        assert!(s.worker_report(worker, agent.id, WorkerEvent::Done("ok".into())));
+        // Proving that something does not happen takes a bound.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            commands.try_recv().is_err(),
+            "nothing is released while the commit is held"
+        );
+        *held.0.lock() = false;
+        held.1.notify_all();
+        match commands.recv().await {
+            Some(WorkerCommand::Released { agent_id, attempt }) => {
+                assert_eq!((agent_id, attempt), (agent.id, 1));
+            }
+            other => panic!("expected released, got {other:?}"),
+        }
     }
 
     fn scheduler_with(runner: Arc<dyn Runner>, toml: &str) -> Scheduler {

@@ -76,6 +76,13 @@ pub enum WorkerCommand {
         /// The decision.
         outcome: ApprovalOutcome,
     },
+    /// The run's terminal report is durable: the worker may forget it.
+    Released {
+        /// The run's agent.
+        agent_id: AgentId,
+        /// The attempt that ended.
+        attempt: u32,
+    },
 }
 
 /// A run handed to a worker.

@@ -18,6 +18,11 @@ keep going meanwhile, their reports wait, and the new session's hello names
 them (`held_runs`), so the server re-attaches each one it still has live and
 cancels the rest. Without it, `run()` returns when the session ends.
 
+A finished run is kept until the server says its end is durable
+(`released`): after a server crash that lost the run's last report, the next
+session names the run and sends its end again (and a pending approval request
+too), so nothing the handler reported at the end is lost.
+
 Each assignment runs `handler(run)` on its own thread (at most `capacity` at
 once, which is what the server assigns). The handler's return value is the
 run's result; raising `RunFailed` (or any exception) fails the run. Blocking
@@ -94,6 +99,10 @@ class Run:
         self._cancel_reason = ""
         self._finished = False
         self._lock = threading.Lock()
+        #: The terminal event once sent, until the server releases the run.
+        self._terminal: Optional[workers_pb2.RunEvent] = None
+        #: The approval request while no decision has arrived.
+        self._pending_approval: Optional[workers_pb2.RunEvent] = None
 
     # ----- reporting -------------------------------------------------------------
 
@@ -116,8 +125,18 @@ class Run:
         before the decision arrives here. Raises `Cancelled` if the run is
         stopped meanwhile, `TimeoutError` after `timeout` seconds.
         """
-        self._event(approval_request=workers_pb2.ApprovalRequest(tool_name=tool_name, detail=detail))
-        return self._wait(self._approvals, timeout)
+        event = workers_pb2.RunEvent(
+            agent_id=self.id,
+            approval_request=workers_pb2.ApprovalRequest(tool_name=tool_name, detail=detail),
+        )
+        with self._lock:
+            self._pending_approval = event
+        self._send(event)
+        try:
+            return self._wait(self._approvals, timeout)
+        finally:
+            with self._lock:
+                self._pending_approval = None
 
     # ----- steering and cancellation --------------------------------------------------
 
@@ -167,12 +186,21 @@ class Run:
                 continue
 
     def _event(self, **fields) -> None:
+        event = workers_pb2.RunEvent(agent_id=self.id, **fields)
         with self._lock:
             if self._finished:
                 return
             if "done" in fields or "failed" in fields:
                 self._finished = True
-        self._send(workers_pb2.RunEvent(agent_id=self.id, **fields))
+                self._terminal = event
+        self._send(event)
+
+    def _resend(self) -> None:
+        """After a re-attach: what the server may have lost in a crash."""
+        with self._lock:
+            again = self._terminal or self._pending_approval
+        if again is not None:
+            self._send(again)
 
     def _cancel(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -294,6 +322,11 @@ class Worker:
         self._call = stub.Connect(self._requests(outgoing))
         for response in self._call:
             self._dispatch(response)
+            if response.WhichOneof("message") == "welcome":
+                # Sent after the hello, so each goes to a run the server has
+                # just re-attached (or ignores, with a `cancel` to follow).
+                for run in self._held(held):
+                    run._resend()
 
     def stop(self) -> None:
         """Ends the session; the server treats the worker as gone."""
@@ -332,6 +365,12 @@ class Worker:
             run = self._run(response.cancel.agent_id)
             if run is not None:
                 run._cancel(response.cancel.reason)
+                if run._terminal is not None:
+                    # A finished run the server no longer has live: its end
+                    # is durable already (or the run was cancelled).
+                    self._forget(run.id)
+        elif kind == "released":
+            self._forget(response.released.agent_id)
         elif kind == "approval":
             a = response.approval
             run = self._run(a.agent_id)
@@ -341,6 +380,14 @@ class Worker:
     def _run(self, agent_id: str) -> Optional[Run]:
         with self._runs_lock:
             return self._runs.get(agent_id)
+
+    def _held(self, held: List[workers_pb2.HeldRun]) -> List[Run]:
+        with self._runs_lock:
+            return [r for r in (self._runs.get(h.agent_id) for h in held) if r is not None]
+
+    def _forget(self, agent_id: str) -> None:
+        with self._runs_lock:
+            self._runs.pop(agent_id, None)
 
     def _execute(self, run: Run) -> None:
         try:
@@ -357,6 +404,4 @@ class Worker:
         except Exception as e:  # the handler's bug is the run's failure
             log.exception("run %s failed", run.id)
             run._event(failed=workers_pb2.RunFailed(code="WORKER_EXCEPTION", message=f"{type(e).__name__}: {e}"))
-        finally:
-            with self._runs_lock:
-                self._runs.pop(run.id, None)
+        # The run stays held until the server releases it (see `released`).

@@ -199,6 +199,19 @@ impl Core {
         true
     }
 
+    /// Tells `worker` that its run of `agent` ended durably (see
+    /// [`WorkerCommand::Released`]); false if the session is gone.
+    pub fn release_worker_run(&self, worker: WorkerId, agent: AgentId) -> bool {
+        let attempt = self.agents.get(&agent).map_or(0, |r| r.view.attempt);
+        self.workers.send(
+            worker,
+            WorkerCommand::Released {
+                agent_id: agent,
+                attempt,
+            },
+        )
+    }
+
     /// Every worker's (id, capacity, held runs), for invariant checks.
     pub fn worker_snapshot(&self) -> Vec<(WorkerId, u32, Vec<AgentId>)> {
         self.workers.snapshot()
