@@ -273,20 +273,25 @@ async fn start(
     })
     .await;
     if let Ok(Ok(pgid)) = pid {
-        // The child leads its own group (set before the hook runs).
-        if let Some(start_ticks) = start_ticks(pgid) {
-            let group = ProcessGroup { pgid, start_ticks };
-            if run.reporter.process_group(group).await.is_err() {
-                // The store failed (the server is stopping): the program
-                // never runs; the closed pipe ends the child.
-                drop(gate_tx);
-                let _ = spawning.await;
-                return Err(AgentError::new(
-                    CODE_SPAWN_FAILED,
-                    "not started: the store failed before the program's process group was \
-                     recorded",
-                ));
+        // The child leads its own group (set before the hook runs). Its
+        // start time cannot be unreadable while it waits for us; if it
+        // were, it runs unrecorded (as every program did before).
+        let recorded = match start_ticks(pgid) {
+            Some(start_ticks) => {
+                let group = ProcessGroup { pgid, start_ticks };
+                run.reporter.process_group(group).await.is_ok()
             }
+            None => true,
+        };
+        if !recorded {
+            // The store failed (the server is stopping): the program never
+            // runs; the closed pipe ends the child.
+            drop(gate_tx);
+            let _ = spawning.await;
+            return Err(AgentError::new(
+                CODE_SPAWN_FAILED,
+                "not started: the store failed before the program's process group was recorded",
+            ));
         }
         // A child that is gone already (killed) cannot read it: no matter.
         let _ = gate_tx.write_all(&[1]);
@@ -585,12 +590,33 @@ pub async fn stop_orphaned_group(group: ProcessGroup, grace: Duration) -> bool {
     while !group_gone(group.pgid) {
         if tokio::time::Instant::now() >= kill_at {
             signal_group(group.pgid, Signal::SIGKILL);
+            // SIGKILL takes effect when the process next runs, which on a
+            // busy machine is not at once: the run's fate is decided only
+            // once the program is dead (gone, or a zombie its new parent
+            // has not reaped yet), within a bound for a process the kernel
+            // cannot kill (uninterruptible I/O).
+            let bound = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !(group_gone(group.pgid) || leader_dead(group.pgid))
+                && tokio::time::Instant::now() < bound
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             break;
         }
         // Polling a process we cannot wait for (it is not our child).
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     true
+}
+
+/// Whether the group's leader has exited (gone, or a zombie).
+fn leader_dead(pgid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pgid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rfind(')')
+            .is_some_and(|at| stat[at + 1..].trim_start().starts_with('Z')),
+    }
 }
 
 /// Whether no process of the group is left.
