@@ -322,14 +322,20 @@ impl RawWorker {
     }
 
     fn done(&self, agent_id: &str, result: &str) {
-        use pb::{connect_request::Message, run_event::Event};
+        let done = pb::run_event::Event::Done(pb::RunDone {
+            result: result.into(),
+        });
+        self.send(agent_id, 0, done);
+    }
+
+    /// Sends event number `seq` (0: not numbered) of `agent_id`'s run.
+    fn send(&self, agent_id: &str, seq: u64, event: pb::run_event::Event) {
         self.tx
             .send(pb::ConnectRequest {
-                message: Some(Message::Event(pb::RunEvent {
+                message: Some(pb::connect_request::Message::Event(pb::RunEvent {
                     agent_id: agent_id.into(),
-                    event: Some(Event::Done(pb::RunDone {
-                        result: result.into(),
-                    })),
+                    event: Some(event),
+                    seq,
                 })),
             })
             .unwrap();
@@ -482,6 +488,23 @@ async fn released_worker_run_stays_ended(backend: &str) {
         panic!("expected released");
     };
     assert_eq!((r.agent_id.as_str(), r.attempt), (released.id.as_str(), 1));
+    // The other run reports usage (stored: Status shows it, and a read
+    // waits until what it shows is durable).
+    use pb::run_event::Event;
+    let usage = |n| {
+        Event::Usage(pb::TokenUsage {
+            input_tokens: n,
+            output_tokens: 0,
+        })
+    };
+    worker.send(&unreleased.id, 1, usage(10));
+    loop {
+        let seen = common::status_of(&mut client, &unreleased.id).await;
+        if seen.usage.is_some_and(|u| u.input_tokens == 10) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
     server.signal(Signal::SIGKILL);
     let _ = server.exit_status().await;
     drop(worker);
@@ -491,8 +514,9 @@ async fn released_worker_run_stays_ended(backend: &str) {
     let ended = common::status_of(&mut client, &released.id).await;
     assert_eq!(common::status(&ended), pb::AgentStatus::Done, "{ended:?}");
     assert_eq!(ended.result, "kept");
-    // The other run's `done` never reached the server: the worker still
-    // holds it (as if that report was lost in the crash) and sends it again.
+    // The other run's worker still holds it and, after the re-attach,
+    // sends every report of the run again: the stored one (number 1) is
+    // not applied twice; the rest are, as if lost in the crash.
     let mut worker = RawWorker::connect(
         &server,
         vec![pb::HeldRun {
@@ -501,7 +525,15 @@ async fn released_worker_run_stays_ended(backend: &str) {
         }],
     )
     .await;
-    worker.done(&unreleased.id, "sent again");
+    worker.send(&unreleased.id, 1, usage(10));
+    worker.send(&unreleased.id, 2, usage(5));
+    worker.send(
+        &unreleased.id,
+        3,
+        Event::Done(pb::RunDone {
+            result: "sent again".into(),
+        }),
+    );
     let pb::connect_response::Message::Released(r) = worker.next().await else {
         panic!("expected released");
     };
@@ -509,6 +541,11 @@ async fn released_worker_run_stays_ended(backend: &str) {
     let done = await_one(&mut client, &unreleased.id).await;
     assert_eq!(common::status(&done), pb::AgentStatus::Done);
     assert_eq!(done.result, "sent again");
+    assert_eq!(
+        done.usage.unwrap().input_tokens,
+        15,
+        "each report counted once"
+    );
     assert_eq!(server.stop().await.code(), Some(0));
 }
 

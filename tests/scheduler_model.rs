@@ -1123,7 +1123,7 @@ impl Harness {
                     detail: "rm -rf /tmp/x".into(),
                 };
                 assert!(
-                    self.core.worker_report(worker, id, event),
+                    self.core.worker_report(worker, id, 0, event),
                     "{ctx}: a worker's approval request was refused"
                 );
                 let view = self.core.view(id).expect("known agent");
@@ -1334,7 +1334,7 @@ impl Harness {
         } else {
             WorkerEvent::Failed(AgentError::new("TOOL_ERROR", "boom"))
         };
-        let applied = self.core.worker_report(worker, id, event);
+        let applied = self.core.worker_report(worker, id, 0, event);
         let ctx = &self.ctx;
         assert_eq!(
             applied, live,
@@ -2037,6 +2037,7 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                             core.worker_report(
                                 worker,
                                 first.id,
+                                0,
                                 WorkerEvent::ApprovalRequest {
                                     tool_name: "shell".into(),
                                     detail: "ls".into(),
@@ -2169,6 +2170,7 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
                 core.worker_report(
                     worker,
                     first.id,
+                    0,
                     WorkerEvent::ApprovalRequest {
                         tool_name: "shell".into(),
                         detail: "ls".into(),
@@ -2239,4 +2241,54 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
             assert_eq!(again.counters(), again.recount(), "{ctx}");
         }
     }
+}
+
+/// Issue 13 §2: a worker's numbered reports apply once each, so a worker
+/// that sends a run's reports again after a re-attach counts nothing twice;
+/// unnumbered ones (0) always apply.
+#[test]
+fn a_numbered_worker_report_applies_once() {
+    use subagentd::scheduler::{Usage, WorkerInfo};
+    let types = BTreeMap::from([(
+        "t".to_owned(),
+        AgentTypeConfig {
+            runner: RunnerKind::Worker,
+            ..AgentTypeConfig::default()
+        },
+    )]);
+    let watch = WatchConfig {
+        history: 64,
+        subscriber_buffer: 64,
+    };
+    let mut core = Core::new(unlimited(), RunsConfig::default(), &watch, types);
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let worker = core.register_worker(
+        WorkerInfo {
+            name: "w".into(),
+            agents: vec!["t".into()],
+            capacity: 1,
+            labels: BTreeMap::new(),
+        },
+        tx,
+        &[],
+    );
+    let spec = SpawnSpec {
+        agent: "t".to_owned(),
+        ..root_spec(true)
+    };
+    let (agent, _) = core.spawn(spec, SystemTime::now()).unwrap();
+    let usage = |n| {
+        WorkerEvent::Usage(Usage {
+            input_tokens: n,
+            ..Usage::default()
+        })
+    };
+    for (seq, n) in [(1, 10), (1, 10), (2, 5), (1, 10), (0, 1), (0, 1)] {
+        assert!(core.worker_report(worker, agent.id, seq, usage(n)));
+    }
+    let view = core.view(agent.id).unwrap();
+    assert_eq!(
+        view.usage.input_tokens, 17,
+        "10 and 5 once, the unnumbered 1 twice"
+    );
 }

@@ -533,6 +533,7 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
             event: Some(run_event::Event::Done(pb::RunDone {
                 result: "ok".into(),
             })),
+            seq: 0,
         })),
     })
     .unwrap();

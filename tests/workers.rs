@@ -187,6 +187,7 @@ impl Worker {
                 message: Some(connect_request::Message::Event(pb::RunEvent {
                     agent_id: agent_id.into(),
                     event: Some(event),
+                    seq: 0,
                 })),
             })
             .expect("session open");
@@ -819,6 +820,7 @@ async fn reports_about_runs_a_worker_does_not_hold_are_ignored() {
     w.send_raw(connect_request::Message::Event(pb::RunEvent {
         agent_id: live.id.clone(),
         event: None,
+        seq: 0,
     }));
     w.send_raw(connect_request::Message::Hello(pb::WorkerHello {
         name: "again".into(),

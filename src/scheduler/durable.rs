@@ -44,6 +44,9 @@ pub struct AgentState {
     /// the decision when it resumes. Recovery uses it to tell such a run
     /// (interrupted by a restart) from an agent that has not started.
     pub decision: Option<(Uuid, ApprovalOutcome)>,
+    /// The highest numbered report of a worker run applied (see
+    /// `RunEvent.seq`).
+    pub report_seq: u64,
 }
 
 /// A command run's process group, as the runner recorded it.

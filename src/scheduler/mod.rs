@@ -394,9 +394,16 @@ impl Scheduler {
     /// until then the worker keeps the run, so a crash of the server that
     /// loses the report finds the run still held and the worker sends it
     /// again after the re-attach.
-    pub fn worker_report(&self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
+    pub fn worker_report(
+        &self,
+        worker: WorkerId,
+        agent: AgentId,
+        seq: u64,
+        event: WorkerEvent,
+    ) -> bool {
         let terminal = event.is_terminal();
-        let (accepted, ticket) = self.with_core_ticket(|c| c.worker_report(worker, agent, event));
+        let (accepted, ticket) =
+            self.with_core_ticket(|c| c.worker_report(worker, agent, seq, event));
         if terminal {
             let this = self.clone();
             tokio::spawn(async move {
@@ -1022,7 +1029,7 @@ mod tests {
         };
 
         *held.0.lock() = true;
-        assert!(s.worker_report(worker, agent.id, WorkerEvent::Done("ok".into())));
+        assert!(s.worker_report(worker, agent.id, 0, WorkerEvent::Done("ok".into())));
         // Proving that something does not happen takes a bound.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(

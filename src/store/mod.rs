@@ -32,10 +32,11 @@ use crate::scheduler::{
 ///
 /// - 1: agents, events and the log's counters.
 /// - 2: an agent row may hold the approval decision its paused run waits
-///   to receive. The tables are unchanged and version 1 rows have no such
-///   decision, so the migration only records the version; but a version 1
-///   server would read such a row as an agent that never ran and start it
-///   afresh, so it must refuse the store.
+///   to receive, and a worker run's last applied report number. The tables
+///   are unchanged and version 1 rows have neither, so the migration only
+///   records the version; but a version 1 server would read a paused run
+///   as an agent that never ran and start it afresh, so it must refuse the
+///   store.
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// Why a store could not be opened, read or written.

@@ -136,6 +136,9 @@ pub(super) struct AgentRow {
     /// Since schema 2.
     #[prost(message, optional, tag = "12")]
     decision: Option<DecisionRow>,
+    /// Since schema 2.
+    #[prost(uint64, tag = "13")]
+    report_seq: u64,
 }
 
 /// A decided approval its paused run has not received yet.
@@ -179,6 +182,7 @@ pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
             approved: outcome.approved,
             note: outcome.note.clone(),
         }),
+        report_seq: state.report_seq,
     }
     .encode_to_vec()
 }
@@ -210,6 +214,7 @@ pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
                 Ok((uuid_of(&d.approval_id)?, outcome))
             })
             .transpose()?,
+        report_seq: row.report_seq,
     })
 }
 
@@ -523,6 +528,7 @@ pub(crate) mod tests {
                     note: "go ahead".into(),
                 },
             )),
+            report_seq: 17,
         }
     }
 
@@ -542,6 +548,7 @@ pub(crate) mod tests {
         bare.idempotency_key = None;
         bare.process_group = None;
         bare.decision = None;
+        bare.report_seq = 0;
         assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
     }
 

@@ -18,10 +18,11 @@ keep going meanwhile, their reports wait, and the new session's hello names
 them (`held_runs`), so the server re-attaches each one it still has live and
 cancels the rest. Without it, `run()` returns when the session ends.
 
-A finished run is kept until the server says its end is durable
-(`released`): after a server crash that lost the run's last report, the next
-session names the run and sends its end again (and a pending approval request
-too), so nothing the handler reported at the end is lost.
+Every report of a run is numbered (`seq`) and kept until the server says the
+run's end is durable (`released`): after a server crash, the next session
+names the run and sends its reports again, and the server applies only those
+its store did not keep, so nothing the handler reported is lost or counted
+twice.
 
 Each assignment runs `handler(run)` on its own thread (at most `capacity` at
 once, which is what the server assigns). The handler's return value is the
@@ -99,10 +100,9 @@ class Run:
         self._cancel_reason = ""
         self._finished = False
         self._lock = threading.Lock()
-        #: The terminal event once sent, until the server releases the run.
-        self._terminal: Optional[workers_pb2.RunEvent] = None
-        #: The approval request while no decision has arrived.
-        self._pending_approval: Optional[workers_pb2.RunEvent] = None
+        #: Every event sent, numbered from 1, until the server releases the
+        #: run (sent again after a re-attach).
+        self._sent: List[workers_pb2.RunEvent] = []
 
     # ----- reporting -------------------------------------------------------------
 
@@ -125,18 +125,8 @@ class Run:
         before the decision arrives here. Raises `Cancelled` if the run is
         stopped meanwhile, `TimeoutError` after `timeout` seconds.
         """
-        event = workers_pb2.RunEvent(
-            agent_id=self.id,
-            approval_request=workers_pb2.ApprovalRequest(tool_name=tool_name, detail=detail),
-        )
-        with self._lock:
-            self._pending_approval = event
-        self._send(event)
-        try:
-            return self._wait(self._approvals, timeout)
-        finally:
-            with self._lock:
-                self._pending_approval = None
+        self._event(approval_request=workers_pb2.ApprovalRequest(tool_name=tool_name, detail=detail))
+        return self._wait(self._approvals, timeout)
 
     # ----- steering and cancellation --------------------------------------------------
 
@@ -186,21 +176,22 @@ class Run:
                 continue
 
     def _event(self, **fields) -> None:
-        event = workers_pb2.RunEvent(agent_id=self.id, **fields)
         with self._lock:
             if self._finished:
                 return
             if "done" in fields or "failed" in fields:
                 self._finished = True
-                self._terminal = event
-        self._send(event)
+            event = workers_pb2.RunEvent(agent_id=self.id, seq=len(self._sent) + 1, **fields)
+            self._sent.append(event)
+            # Under the lock: the server needs the numbers in order.
+            self._send(event)
 
     def _resend(self) -> None:
-        """After a re-attach: what the server may have lost in a crash."""
+        """After a re-attach: every report again (the server skips what
+        its store kept)."""
         with self._lock:
-            again = self._terminal or self._pending_approval
-        if again is not None:
-            self._send(again)
+            for event in self._sent:
+                self._send(event)
 
     def _cancel(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -365,7 +356,7 @@ class Worker:
             run = self._run(response.cancel.agent_id)
             if run is not None:
                 run._cancel(response.cancel.reason)
-                if run._terminal is not None:
+                if run._finished:
                     # A finished run the server no longer has live: its end
                     # is durable already (or the run was cancelled).
                     self._forget(run.id)

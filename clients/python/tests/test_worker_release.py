@@ -1,8 +1,9 @@
 """The worker library against a scripted WorkerService (no subagentd): a run
 the handler finished stays held until the server releases it. A session that
 ends before `released` (a server that crashed before the run's end was
-durable) is followed by one whose hello names the run and which gets the run's
-`done` again; once released, the run is forgotten."""
+durable) is followed by one whose hello names the run and which gets every
+report of the run again, with the same numbers; once released, the run is
+forgotten."""
 
 import queue
 import threading
@@ -59,7 +60,7 @@ class ReleaseTest(unittest.TestCase):
         worker = Worker(
             f"127.0.0.1:{port}",
             agents=["coder"],
-            handler=lambda run: "the result",
+            handler=lambda run: (run.usage(input_tokens=7), "the result")[1],
             reconnect_delay=0.05,
         )
         thread = threading.Thread(target=worker.run, daemon=True)
@@ -71,9 +72,10 @@ class ReleaseTest(unittest.TestCase):
             self.assertEqual(list(service.hellos.get(timeout=TIMEOUT).held_runs), [])
             agent = pb.Agent(id="a1", attempt=1)
             out.put(workers_pb2.ConnectResponse(assign=workers_pb2.RunAssignment(agent=agent, prompt="p")))
+            usage = service.events.get(timeout=TIMEOUT)
             done = service.events.get(timeout=TIMEOUT)
-            self.assertEqual(done.WhichOneof("event"), "done")
-            self.assertEqual(done.done.result, "the result")
+            self.assertEqual((usage.seq, usage.usage.input_tokens), (1, 7))
+            self.assertEqual((done.seq, done.WhichOneof("event"), done.done.result), (2, "done", "the result"))
             out.put(None)
 
             # Session 2: the hello names the finished run, its `done` comes
@@ -81,8 +83,8 @@ class ReleaseTest(unittest.TestCase):
             out = service.outgoing.get(timeout=TIMEOUT)
             held = service.hellos.get(timeout=TIMEOUT).held_runs
             self.assertEqual([(h.agent_id, h.attempt) for h in held], [("a1", 1)])
-            again = service.events.get(timeout=TIMEOUT)
-            self.assertEqual((again.agent_id, again.done.result), ("a1", "the result"))
+            again = [service.events.get(timeout=TIMEOUT) for _ in range(2)]
+            self.assertEqual(again, [usage, done], "every report again, same numbers")
             out.put(workers_pb2.ConnectResponse(released=workers_pb2.RunReleased(agent_id="a1", attempt=1)))
             out.put(None)
 

@@ -110,6 +110,11 @@ struct RunControl {
     progress: Arc<RunProgress>,
     /// A command run's process group, once the runner reported it.
     process_group: Option<super::durable::ProcessGroup>,
+    /// The highest `seq` of the worker's reports applied to this run (0:
+    /// none, or not numbered). Stored with the agent, so that after a
+    /// restart the worker's repeated reports apply only where the store
+    /// did not have them.
+    report_seq: u64,
 }
 
 impl RunControl {
@@ -127,6 +132,7 @@ impl RunControl {
             identical_calls: 0,
             progress: Arc::new(RunProgress::new()),
             process_group: None,
+            report_seq: 0,
         });
         (control, inbox)
     }
@@ -314,6 +320,9 @@ pub struct Core {
     /// Changes the store has not been handed yet; None when nothing is
     /// stored (`[store] backend = "memory"`).
     unsaved: Option<Box<self::tracking::Unsaved>>,
+    /// Stored report numbers of worker runs restored for re-attach: the
+    /// run's controls (where the number lives) come back only then.
+    held_report_seqs: HashMap<AgentId, u64>,
 }
 
 impl Core {
@@ -355,6 +364,7 @@ impl Core {
             span_sink: None,
             ended: Vec::new(),
             unsaved: None,
+            held_report_seqs: HashMap::default(),
         }
     }
 

@@ -204,7 +204,11 @@ impl Core {
             process_group: _,
             // Its run is gone; recovery decides the agent's fate.
             decision: _,
+            report_seq,
         } = state;
+        if report_seq > 0 && runner == RunnerKind::Worker && !view.status.is_terminal() {
+            self.held_report_seqs.insert(view.id, report_seq);
+        }
         let id = view.id;
         if self.agents.contains_key(&id) || self.order.contains_key(&seq) {
             return Err(Inconsistent(format!(
@@ -308,6 +312,7 @@ impl Core {
                 continue;
             }
             n += 1;
+            self.held_report_seqs.remove(&id);
             self.lose_worker_run(id, &mut dirty, |n| {
                 format!(
                     "no worker re-attached the run (attempt {n}) within [runs] \

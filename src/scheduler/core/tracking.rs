@@ -140,5 +140,6 @@ pub(super) fn state_of(rec: &Record) -> AgentState {
         sampled: rec.sampled,
         process_group: rec.run.as_ref().and_then(|r| r.process_group),
         decision: rec.run.as_ref().and_then(|r| r.decision.clone()),
+        report_seq: rec.run.as_ref().map_or(0, |r| r.report_seq),
     }
 }

@@ -90,7 +90,8 @@ impl Core {
         self.workers.hold(worker, id);
         let rec = self.agents.get_mut(&id).expect("checked above");
         rec.view.worker_id = Some(worker);
-        let (control, inbox) = RunControl::fresh();
+        let (mut control, inbox) = RunControl::fresh();
+        control.report_seq = self.held_report_seqs.remove(&id).unwrap_or(0);
         let (progress, cancel) = (control.progress.clone(), control.cancel.clone());
         rec.run = Some(control);
         let ran = rec
@@ -170,12 +171,31 @@ impl Core {
     /// Applies a worker's report about one of its runs. Reports about runs
     /// the worker does not hold, or that already ended, are not applied;
     /// a terminal report always frees the worker's capacity for the run.
-    pub fn worker_report(&mut self, worker: WorkerId, agent: AgentId, event: WorkerEvent) -> bool {
+    pub fn worker_report(
+        &mut self,
+        worker: WorkerId,
+        agent: AgentId,
+        seq: u64,
+        event: WorkerEvent,
+    ) -> bool {
         let live = self.agents.get(&agent).is_some_and(|r| {
             r.view.worker_id == Some(worker)
                 && r.runner == RunnerKind::Worker
                 && !r.view.status.is_terminal()
         }) && self.workers.holds(worker, agent);
+        // A numbered report the run has applied already: a worker sends its
+        // reports again after a re-attach, and the store kept these. Output
+        // is exempt: it is never stored, so after a restart the repeats
+        // rebuild it.
+        if live && seq != 0 && !matches!(event, WorkerEvent::Output(_)) {
+            let run = self.agents.get_mut(&agent).and_then(|r| r.run.as_mut());
+            if let Some(run) = run {
+                if seq <= run.report_seq {
+                    return true;
+                }
+                run.report_seq = seq;
+            }
+        }
         if event.is_terminal() {
             self.release_worker_slot(worker, agent);
         }
