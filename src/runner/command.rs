@@ -126,10 +126,9 @@ impl Runner for CommandRunner {
 
 async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> RunOutcome {
     let cfg = run.agent_type.clone();
-    let mut child = start(&cfg, api_addr.as_deref(), &run).await?;
-    // From here on, however this future ends (finished, or dropped on
-    // cancel or deadline), the group is stopped.
-    let mut group = GroupGuard::new(&child, cfg.kill_grace(), groups);
+    // However this future ends from here on (finished, or dropped on cancel
+    // or deadline), the group is stopped.
+    let (mut child, mut group) = start(&cfg, api_addr.as_deref(), &run, groups).await?;
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -233,30 +232,38 @@ const STORE_ENV_PREFIX: &[u8] = b"SUBAGENTD_STORE__";
 
 /// Starts the program so that it runs only once its process group is
 /// recorded with the run and durable: a restart after a crash of the
-/// server then knows every program that may have outlived it.
+/// server then knows every program that may have outlived it. Returns the
+/// child and the guard that stops its group (armed before the program can
+/// run, so a cancel at any point stops it).
 ///
 /// The child, between fork and exec, writes its pid to one pipe and waits
 /// for a byte on another. The server records the group (its pid and start
 /// time, which exec keeps), waits until that is durable, then sends the
-/// byte and the child execs the program. A server that dies first closes
-/// the pipe, and the child exits without running anything. The spawn call
-/// returns only after exec, so it runs on a blocking thread meanwhile.
+/// byte and the child execs the program. A child whose server went away
+/// (it was re-parented) gives up without running anything, as does one
+/// whose gate pipe closes; one the server gives up on gets the group's
+/// SIGTERM (its handlers are reset first). The spawn call returns only
+/// after exec, so it runs on a blocking thread meanwhile.
 #[allow(unsafe_code)]
 async fn start(
     cfg: &AgentTypeConfig,
     api_addr: Option<&str>,
     run: &Run,
-) -> Result<Child, AgentError> {
+    groups: Groups,
+) -> Result<(Child, GroupGuard), AgentError> {
     let mut cmd = command(cfg, api_addr, run);
     let (mut pid_rx, pid_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
     let (gate_rx, mut gate_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
-    let (pid_fd, gate_fd) = (pid_tx.as_raw_fd(), gate_rx.as_raw_fd());
+    let child_ends = (pid_tx.as_raw_fd(), gate_rx.as_raw_fd());
+    let parent_ends = (pid_rx.as_raw_fd(), gate_tx.as_raw_fd());
+    let server = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: the hook runs in the child between fork and exec and only
-    // calls async-signal-safe functions (getpid, write, read) on two
-    // descriptors the parent keeps open until `spawn` returns; it does not
-    // allocate. Both pipes are close-on-exec, so the program gets neither.
+    // makes async-signal-safe calls (signal, close, getpid, getppid, write,
+    // poll, read) on descriptors the parent keeps open until `spawn`
+    // returns; it does not allocate. Both pipes are close-on-exec, so the
+    // program gets neither.
     unsafe {
-        cmd.pre_exec(move || exec_gate(pid_fd, gate_fd));
+        cmd.pre_exec(move || exec_gate(child_ends, parent_ends, server));
     }
     let spawning = tokio::task::spawn_blocking(move || {
         let child = cmd.spawn();
@@ -272,10 +279,17 @@ async fn start(
             .map(|()| i32::from_ne_bytes(pid))
     })
     .await;
+    let mut guard = None;
     if let Ok(Ok(pgid)) = pid {
-        // The child leads its own group (set before the hook runs). Its
-        // start time cannot be unreadable while it waits for us; if it
-        // were, it runs unrecorded (as every program did before).
+        // The child leads its own group (set before the hook runs). From
+        // here on, however this future ends, the group is stopped.
+        guard = Some(GroupGuard::new(
+            Some(pgid),
+            cfg.kill_grace(),
+            groups.clone(),
+        ));
+        // Its start time cannot be unreadable while it waits for us; if it
+        // were, it would run unrecorded (as every program did before).
         let recorded = match start_ticks(pgid) {
             Some(start_ticks) => {
                 let group = ProcessGroup { pgid, start_ticks };
@@ -285,9 +299,7 @@ async fn start(
         };
         if !recorded {
             // The store failed (the server is stopping): the program never
-            // runs; the closed pipe ends the child.
-            drop(gate_tx);
-            let _ = spawning.await;
+            // runs; the guard's SIGTERM ends the waiting child.
             return Err(AgentError::new(
                 CODE_SPAWN_FAILED,
                 "not started: the store failed before the program's process group was recorded",
@@ -298,7 +310,13 @@ async fn start(
     }
     drop(gate_tx);
     match spawning.await {
-        Ok(Ok(child)) => Ok(child),
+        Ok(Ok(child)) => {
+            let guard = guard.unwrap_or_else(|| {
+                let pgid = child.id().and_then(|id| i32::try_from(id).ok());
+                GroupGuard::new(pgid, cfg.kill_grace(), groups)
+            });
+            Ok((child, guard))
+        }
         Ok(Err(e)) => Err(spawn_failed(cfg, &e)),
         Err(e) => Err(AgentError::new(
             CODE_SPAWN_FAILED,
@@ -308,23 +326,52 @@ async fn start(
 }
 
 /// The child's side of [`start`]'s handshake, between fork and exec.
+/// `mine` are its ends of the pipes (pid writer, gate reader), `theirs`
+/// the parent's ends it inherited, `server` the parent's pid.
 #[allow(unsafe_code)]
-fn exec_gate(pid_fd: RawFd, gate_fd: RawFd) -> std::io::Result<()> {
+fn exec_gate(
+    (pid_fd, gate_fd): (RawFd, RawFd),
+    (pid_rx_fd, gate_tx_fd): (RawFd, RawFd),
+    server: libc::pid_t,
+) -> std::io::Result<()> {
+    // No allocation here, so error codes rather than messages.
+    let cancelled = || Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+    let interrupted = || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
     // SAFETY: async-signal-safe calls on descriptors valid in the child
     // (see `start`), into buffers on this stack.
     unsafe {
+        // The server's handlers (which only exec would reset) must not
+        // swallow the SIGTERM that stops a child the server gave up on.
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        // Without the parent's end of the gate open here, a parent that
+        // closes its own reads as end of file.
+        libc::close(gate_tx_fd);
+        libc::close(pid_rx_fd);
         let pid = libc::getpid().to_ne_bytes();
         if libc::write(pid_fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
             return Err(std::io::Error::last_os_error());
         }
         let mut byte = 0u8;
         loop {
-            match libc::read(gate_fd, (&raw mut byte).cast(), 1) {
-                1 => return Ok(()),
-                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
-                // End of file: the server is gone (or gave up on the run).
-                // No allocation here, so an error code rather than a message.
-                _ => return Err(std::io::Error::from_raw_os_error(libc::ECANCELED)),
+            let mut ready = libc::pollfd {
+                fd: gate_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            match libc::poll(&mut ready, 1, 100) {
+                -1 if interrupted() => {}
+                -1 => return Err(std::io::Error::last_os_error()),
+                // Siblings forked meanwhile may hold the gate's write end
+                // too, so a dead server is not always end of file: a child
+                // re-parented away from it gives up.
+                0 if libc::getppid() != server => return cancelled(),
+                0 => {}
+                _ => match libc::read(gate_fd, (&raw mut byte).cast(), 1) {
+                    1 => return Ok(()),
+                    -1 if interrupted() => {}
+                    _ => return cancelled(),
+                },
             }
         }
     }
@@ -510,8 +557,7 @@ struct GroupGuard {
 }
 
 impl GroupGuard {
-    fn new(child: &Child, grace: Duration, groups: Groups) -> Self {
-        let pgid = child.id().and_then(|id| i32::try_from(id).ok());
+    fn new(pgid: Option<i32>, grace: Duration, groups: Groups) -> Self {
         if let Some(pgid) = pgid {
             groups.lock().insert(
                 pgid,
