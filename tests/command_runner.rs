@@ -954,7 +954,7 @@ async fn output_past_the_cap_keeps_the_run_from_going_stale() {
 #[tokio::test]
 async fn a_command_run_inherits_the_environment_but_not_the_store_settings() {
     let script = "printf '%s|%s|%s' \"${SUBAGENTD_STORE__URL-unset}\" \
-                  \"${SUBAGENTD_STORE__POOL_SIZE-unset}\" \"${SA_TEST_INHERITED-unset}\"";
+                  \"${subagentd_store__pool_size-unset}\" \"${SA_TEST_INHERITED-unset}\"";
     let toml = config(&[("env", &["sh", "-c", script], "")]);
     let server = common::child::ChildServer::start(
         &toml,
@@ -964,7 +964,7 @@ async fn a_command_run_inherits_the_environment_but_not_the_store_settings() {
                 "SUBAGENTD_STORE__URL",
                 "postgres://sa:s3cret@127.0.0.1:1/sa",
             ),
-            ("SUBAGENTD_STORE__POOL_SIZE", "3"),
+            ("subagentd_store__pool_size", "3"),
             ("SA_TEST_INHERITED", "yes"),
         ],
     )

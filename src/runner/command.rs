@@ -406,8 +406,12 @@ fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command 
     // URL given as SUBAGENTD_STORE__URL may carry the database password.
     // The rest of the environment is inherited, as documented (a type's
     // `env` may still set any of these on purpose).
+    // Any case: the config layer reads its variables case-insensitively.
     for (name, _) in std::env::vars_os() {
-        if name.as_encoded_bytes().starts_with(STORE_ENV_PREFIX) {
+        let name_bytes = name.as_encoded_bytes();
+        if name_bytes.len() >= STORE_ENV_PREFIX.len()
+            && name_bytes[..STORE_ENV_PREFIX.len()].eq_ignore_ascii_case(STORE_ENV_PREFIX)
+        {
             cmd.env_remove(name);
         }
     }
@@ -636,15 +640,13 @@ pub async fn stop_orphaned_group(group: ProcessGroup, grace: Duration) -> bool {
     while !group_gone(group.pgid) {
         if tokio::time::Instant::now() >= kill_at {
             signal_group(group.pgid, Signal::SIGKILL);
-            // SIGKILL takes effect when the process next runs, which on a
+            // SIGKILL takes effect when a process next runs, which on a
             // busy machine is not at once: the run's fate is decided only
-            // once the program is dead (gone, or a zombie its new parent
-            // has not reaped yet), within a bound for a process the kernel
-            // cannot kill (uninterruptible I/O).
+            // once every process of the group is dead (gone, or a zombie
+            // its new parent has not reaped yet), within a bound for one
+            // the kernel cannot kill (uninterruptible I/O).
             let bound = tokio::time::Instant::now() + Duration::from_secs(5);
-            while !(group_gone(group.pgid) || leader_dead(group.pgid))
-                && tokio::time::Instant::now() < bound
-            {
+            while group_has_live_member(group.pgid) && tokio::time::Instant::now() < bound {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             break;
@@ -655,14 +657,32 @@ pub async fn stop_orphaned_group(group: ProcessGroup, grace: Duration) -> bool {
     true
 }
 
-/// Whether the group's leader has exited (gone, or a zombie).
-fn leader_dead(pgid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pgid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rfind(')')
-            .is_some_and(|at| stat[at + 1..].trim_start().starts_with('Z')),
+/// Whether any process of group `pgid` is alive (not a zombie): a scan of
+/// `/proc`, for the rare stop of a group that is not our child.
+fn group_has_live_member(pgid: i32) -> bool {
+    if group_gone(pgid) {
+        return false;
     }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        if !name.as_encoded_bytes().iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // After the command's ')': state, ppid, pgrp, …
+        let Some(at) = stat.rfind(')') else {
+            return false;
+        };
+        let mut fields = stat[at + 1..].split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        pgrp == Some(pgid) && state != Some("Z")
+    })
 }
 
 /// Whether no process of the group is left.
@@ -688,6 +708,21 @@ mod tests {
         let ticks = start_ticks(me).expect("this process has a start time");
         assert_eq!(start_ticks(me), Some(ticks), "stable");
         assert_eq!(start_ticks(i32::MAX), None);
+    }
+
+    #[test]
+    fn a_group_is_live_while_a_member_runs_and_not_once_all_are_dead() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = i32::try_from(child.id()).unwrap();
+        assert!(group_has_live_member(pgid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!group_has_live_member(pgid));
     }
 
     #[test]

@@ -206,7 +206,11 @@ impl Core {
             decision: _,
             report_seq,
         } = state;
-        if report_seq > 0 && runner == RunnerKind::Worker && !view.status.is_terminal() {
+        let held = matches!(
+            view.status,
+            AgentStatus::Running | AgentStatus::AwaitingApproval
+        );
+        if report_seq > 0 && runner == RunnerKind::Worker && held {
             self.held_report_seqs.insert(view.id, report_seq);
         }
         let id = view.id;
@@ -295,6 +299,9 @@ impl Core {
         let mut dirty = Dirty::default();
         let mut n = 0;
         for &id in held {
+            // Re-attached runs took theirs; the rest have no worker to
+            // count for any more (a retry starts from 0).
+            self.held_report_seqs.remove(&id);
             let Some(rec) = self.agents.get(&id) else {
                 continue;
             };
@@ -312,7 +319,6 @@ impl Core {
                 continue;
             }
             n += 1;
-            self.held_report_seqs.remove(&id);
             self.lose_worker_run(id, &mut dirty, |n| {
                 format!(
                     "no worker re-attached the run (attempt {n}) within [runs] \

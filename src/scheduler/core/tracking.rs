@@ -49,7 +49,13 @@ impl Core {
         let events = std::mem::take(&mut u.events);
         let agents = ids
             .into_iter()
-            .filter_map(|id| self.agents.get(&id).map(|rec| state_of(rec)))
+            .filter_map(|id| {
+                let rec = self.agents.get(&id)?;
+                // A worker run restored for re-attach keeps its number here
+                // until its controls come back.
+                let held = self.held_report_seqs.get(&id).copied();
+                Some(state_of(rec, held))
+            })
             .collect();
         (
             ChangeSet {
@@ -127,7 +133,7 @@ impl Core {
 }
 
 /// What the store keeps of a record.
-pub(super) fn state_of(rec: &Record) -> AgentState {
+pub(super) fn state_of(rec: &Record, held_report_seq: Option<u64>) -> AgentState {
     AgentState {
         view: rec.view.clone(),
         seq: rec.seq,
@@ -140,6 +146,11 @@ pub(super) fn state_of(rec: &Record) -> AgentState {
         sampled: rec.sampled,
         process_group: rec.run.as_ref().and_then(|r| r.process_group),
         decision: rec.run.as_ref().and_then(|r| r.decision.clone()),
-        report_seq: rec.run.as_ref().map_or(0, |r| r.report_seq),
+        report_seq: rec
+            .run
+            .as_ref()
+            .map(|r| r.report_seq)
+            .or(held_report_seq)
+            .unwrap_or(0),
     }
 }
