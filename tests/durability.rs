@@ -336,6 +336,7 @@ impl RawWorker {
                     agent_id: agent_id.into(),
                     event: Some(event),
                     seq,
+                    attempt: 1,
                 })),
             })
             .unwrap();

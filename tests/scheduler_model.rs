@@ -31,8 +31,8 @@ use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig},
     scheduler::{
         core::Counters, AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome,
-        Core, Error, Event, EventKind, Live, Received, SpawnSpec, WatchQuery, WorkerCommand,
-        WorkerEvent, WorkerId, WorkerInfo,
+        Core, Error, Event, EventKind, Live, Received, ReportNumber, SpawnSpec, WatchQuery,
+        WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
     },
 };
 use tokio::sync::{mpsc, oneshot};
@@ -1123,7 +1123,8 @@ impl Harness {
                     detail: "rm -rf /tmp/x".into(),
                 };
                 assert!(
-                    self.core.worker_report(worker, id, 0, event),
+                    self.core
+                        .worker_report(worker, id, ReportNumber::default(), event),
                     "{ctx}: a worker's approval request was refused"
                 );
                 let view = self.core.view(id).expect("known agent");
@@ -1334,7 +1335,9 @@ impl Harness {
         } else {
             WorkerEvent::Failed(AgentError::new("TOOL_ERROR", "boom"))
         };
-        let applied = self.core.worker_report(worker, id, 0, event);
+        let applied = self
+            .core
+            .worker_report(worker, id, ReportNumber::default(), event);
         let ctx = &self.ctx;
         assert_eq!(
             applied, live,
@@ -2037,7 +2040,7 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                             core.worker_report(
                                 worker,
                                 first.id,
-                                0,
+                                ReportNumber::default(),
                                 WorkerEvent::ApprovalRequest {
                                     tool_name: "shell".into(),
                                     detail: "ls".into(),
@@ -2170,7 +2173,7 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
                 core.worker_report(
                     worker,
                     first.id,
-                    0,
+                    ReportNumber::default(),
                     WorkerEvent::ApprovalRequest {
                         tool_name: "shell".into(),
                         detail: "ls".into(),
@@ -2284,11 +2287,26 @@ fn a_numbered_worker_report_applies_once() {
         })
     };
     for (seq, n) in [(1, 10), (1, 10), (2, 5), (1, 10), (0, 1), (0, 1)] {
-        assert!(core.worker_report(worker, agent.id, seq, usage(n)));
+        let number = ReportNumber { seq, attempt: 0 };
+        assert!(core.worker_report(worker, agent.id, number, usage(n)));
     }
     let view = core.view(agent.id).unwrap();
     assert_eq!(
         view.usage.input_tokens, 17,
         "10 and 5 once, the unnumbered 1 twice"
     );
+    // Another attempt's reports (an old handler of a retried run) apply
+    // nothing, not even an end.
+    let stale = ReportNumber { seq: 9, attempt: 7 };
+    assert!(!core.worker_report(worker, agent.id, stale, usage(100)));
+    let end = WorkerEvent::Failed(AgentError::new("CANCELLED", "old attempt"));
+    assert!(!core.worker_report(worker, agent.id, stale, end));
+    let view = core.view(agent.id).unwrap();
+    assert_eq!(
+        (view.status, view.usage.input_tokens),
+        (AgentStatus::Running, 17)
+    );
+    let current = ReportNumber { seq: 3, attempt: 1 };
+    assert!(core.worker_report(worker, agent.id, current, usage(3)));
+    assert_eq!(core.view(agent.id).unwrap().usage.input_tokens, 20);
 }

@@ -534,6 +534,7 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
                 result: "ok".into(),
             })),
             seq: 0,
+            attempt: 0,
         })),
     })
     .unwrap();

@@ -188,6 +188,7 @@ impl Worker {
                     agent_id: agent_id.into(),
                     event: Some(event),
                     seq: 0,
+                    attempt: 0,
                 })),
             })
             .expect("session open");
@@ -821,6 +822,7 @@ async fn reports_about_runs_a_worker_does_not_hold_are_ignored() {
         agent_id: live.id.clone(),
         event: None,
         seq: 0,
+        attempt: 0,
     }));
     w.send_raw(connect_request::Message::Hello(pb::WorkerHello {
         name: "again".into(),

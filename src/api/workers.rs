@@ -110,13 +110,16 @@ impl Session {
     }
 
     fn apply(&self, event: pb::RunEvent) {
-        let seq = event.seq;
+        let number = crate::scheduler::ReportNumber {
+            seq: event.seq,
+            attempt: event.attempt,
+        };
         match convert::worker_event_from_pb(event) {
             Ok((agent, event)) => {
                 let kind = worker_event_name(&event);
                 if !self
                     .scheduler
-                    .worker_report(self.worker_id, agent, seq, event)
+                    .worker_report(self.worker_id, agent, number, event)
                 {
                     // Normal after a cancel or deadline (the worker had not
                     // seen the stop yet), but worth seeing when it is not.

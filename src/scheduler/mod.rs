@@ -34,7 +34,9 @@ pub use self::core::{
 pub use error::{Error, FieldViolation};
 pub use events::{Event, EventKind, Live, Progress, Received, SubscriberId, Subscription};
 pub use types::*;
-pub use workers::{Assignment, HeldRun, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo};
+pub use workers::{
+    Assignment, HeldRun, ReportNumber, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
+};
 
 use crate::{
     config::{Config, RunnerKind},
@@ -398,19 +400,19 @@ impl Scheduler {
         &self,
         worker: WorkerId,
         agent: AgentId,
-        seq: u64,
+        number: ReportNumber,
         event: WorkerEvent,
     ) -> bool {
         let terminal = event.is_terminal();
         let (accepted, ticket) =
-            self.with_core_ticket(|c| c.worker_report(worker, agent, seq, event));
+            self.with_core_ticket(|c| c.worker_report(worker, agent, number, event));
         if terminal {
             let this = self.clone();
             tokio::spawn(async move {
                 // A failed store stops the server: the worker keeps the run
                 // for the next one.
                 if this.durable(ticket).await.is_ok() {
-                    this.inspect(|c| c.release_worker_run(worker, agent));
+                    this.inspect(|c| c.release_worker_run(worker, agent, number.attempt));
                 }
             });
         }
@@ -1029,7 +1031,12 @@ mod tests {
         };
 
         *held.0.lock() = true;
-        assert!(s.worker_report(worker, agent.id, 0, WorkerEvent::Done("ok".into())));
+        assert!(s.worker_report(
+            worker,
+            agent.id,
+            ReportNumber::default(),
+            WorkerEvent::Done("ok".into())
+        ));
         // Proving that something does not happen takes a bound.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(

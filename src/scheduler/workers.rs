@@ -85,6 +85,15 @@ pub enum WorkerCommand {
     },
 }
 
+/// Where a worker's report stands among its run's reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReportNumber {
+    /// 1, 2, 3, … per run; 0: not numbered (always applied).
+    pub seq: u64,
+    /// The run's attempt; 0: not named (the live one).
+    pub attempt: u32,
+}
+
 /// A run handed to a worker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assignment {

@@ -181,17 +181,13 @@ class Run:
                 return
             if "done" in fields or "failed" in fields:
                 self._finished = True
-            event = workers_pb2.RunEvent(agent_id=self.id, seq=len(self._sent) + 1, **fields)
+            event = workers_pb2.RunEvent(
+                agent_id=self.id, attempt=self.agent.attempt, seq=len(self._sent) + 1, **fields
+            )
             self._sent.append(event)
             # Under the lock: the server needs the numbers in order.
             self._send(event)
 
-    def _resend(self) -> None:
-        """After a re-attach: every report again (the server skips what
-        its store kept)."""
-        with self._lock:
-            for event in self._sent:
-                self._send(event)
 
     def _cancel(self, reason: str) -> None:
         self._cancel_reason = reason
@@ -282,42 +278,37 @@ class Worker:
         commands until the stream ends. Reports made while no session was
         open are sent after the hello."""
         with self._runs_lock:
-            held = [workers_pb2.HeldRun(agent_id=r.id, attempt=r.agent.attempt) for r in self._runs.values()]
-        # A queue per session: the last session's request iterator may still
-        # be reading its own, and must not take this session's hello.
-        with self._send_lock:
-            previous, outgoing = self._outgoing, queue.Queue()
-            self._outgoing = outgoing
-        pending = []
-        while True:
-            try:
-                item = previous.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                pending.append(item)
-        previous.put(None)
-        outgoing.put(
-            workers_pb2.ConnectRequest(
-                hello=workers_pb2.WorkerHello(
-                    name=self.name,
-                    agents=self.agents,
-                    capacity=self.capacity,
-                    labels=self.labels,
-                    held_runs=held,
-                )
-            )
+            runs = sorted(self._runs.values(), key=lambda r: r.id)
+        hello = workers_pb2.WorkerHello(
+            name=self.name,
+            agents=self.agents,
+            capacity=self.capacity,
+            labels=self.labels,
+            held_runs=[workers_pb2.HeldRun(agent_id=r.id, attempt=r.agent.attempt) for r in runs],
         )
-        for item in pending:
-            outgoing.put(item)
+        # Every held run's lock, then the send lock (the order `_event`
+        # takes them in), so no report slips in between: the new session
+        # gets the hello, then each held run's reports in order — all of
+        # them, the server skips what its store kept — then new ones. A
+        # queue per session: the last session's request iterator may still
+        # be reading its own; what it did not send is in the runs' reports.
+        for r in runs:
+            r._lock.acquire()
+        try:
+            with self._send_lock:
+                previous, outgoing = self._outgoing, queue.Queue()
+                self._outgoing = outgoing
+                previous.put(None)
+                outgoing.put(workers_pb2.ConnectRequest(hello=hello))
+                for r in runs:
+                    for event in r._sent:
+                        outgoing.put(workers_pb2.ConnectRequest(event=event))
+        finally:
+            for r in reversed(runs):
+                r._lock.release()
         self._call = stub.Connect(self._requests(outgoing))
         for response in self._call:
             self._dispatch(response)
-            if response.WhichOneof("message") == "welcome":
-                # Sent after the hello, so each goes to a run the server has
-                # just re-attached (or ignores, with a `cancel` to follow).
-                for run in self._held(held):
-                    run._resend()
 
     def stop(self) -> None:
         """Ends the session; the server treats the worker as gone."""
@@ -359,9 +350,9 @@ class Worker:
                 if run._finished:
                     # A finished run the server no longer has live: its end
                     # is durable already (or the run was cancelled).
-                    self._forget(run.id)
+                    self._forget(run.id, run.agent.attempt)
         elif kind == "released":
-            self._forget(response.released.agent_id)
+            self._forget(response.released.agent_id, response.released.attempt)
         elif kind == "approval":
             a = response.approval
             run = self._run(a.agent_id)
@@ -372,13 +363,13 @@ class Worker:
         with self._runs_lock:
             return self._runs.get(agent_id)
 
-    def _held(self, held: List[workers_pb2.HeldRun]) -> List[Run]:
+    def _forget(self, agent_id: str, attempt: int) -> None:
+        """Drops the run of `agent_id` if it is that attempt (a newer one
+        may have been assigned since)."""
         with self._runs_lock:
-            return [r for r in (self._runs.get(h.agent_id) for h in held) if r is not None]
-
-    def _forget(self, agent_id: str) -> None:
-        with self._runs_lock:
-            self._runs.pop(agent_id, None)
+            run = self._runs.get(agent_id)
+            if run is not None and run.agent.attempt == attempt:
+                del self._runs[agent_id]
 
     def _execute(self, run: Run) -> None:
         try:

@@ -74,7 +74,7 @@ class ReleaseTest(unittest.TestCase):
             out.put(workers_pb2.ConnectResponse(assign=workers_pb2.RunAssignment(agent=agent, prompt="p")))
             usage = service.events.get(timeout=TIMEOUT)
             done = service.events.get(timeout=TIMEOUT)
-            self.assertEqual((usage.seq, usage.usage.input_tokens), (1, 7))
+            self.assertEqual((usage.seq, usage.attempt, usage.usage.input_tokens), (1, 1, 7))
             self.assertEqual((done.seq, done.WhichOneof("event"), done.done.result), (2, "done", "the result"))
             out.put(None)
 

@@ -9,7 +9,7 @@ use crate::config::RunnerKind;
 use crate::scheduler::{
     queue::Dirty,
     types::*,
-    workers::{HeldRun, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
+    workers::{HeldRun, ReportNumber, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo},
 };
 
 impl Core {
@@ -175,14 +175,24 @@ impl Core {
         &mut self,
         worker: WorkerId,
         agent: AgentId,
-        seq: u64,
+        number: ReportNumber,
         event: WorkerEvent,
     ) -> bool {
-        let live = self.agents.get(&agent).is_some_and(|r| {
-            r.view.worker_id == Some(worker)
-                && r.runner == RunnerKind::Worker
-                && !r.view.status.is_terminal()
-        }) && self.workers.holds(worker, agent);
+        let Some(rec) = self.agents.get(&agent) else {
+            return false;
+        };
+        if number.attempt != 0 && number.attempt != rec.view.attempt {
+            // An older attempt's handler, still running on a worker that
+            // now holds the retried run: nothing of it applies, not even
+            // its terminal event's freeing of the slot (the slot is the
+            // new attempt's).
+            return false;
+        }
+        let seq = number.seq;
+        let live = rec.view.worker_id == Some(worker)
+            && rec.runner == RunnerKind::Worker
+            && !rec.view.status.is_terminal()
+            && self.workers.holds(worker, agent);
         // A numbered report the run has applied already: a worker sends its
         // reports again after a re-attach, and the store kept these. Output
         // is exempt: it is never stored, so after a restart the repeats
@@ -219,10 +229,14 @@ impl Core {
         true
     }
 
-    /// Tells `worker` that its run of `agent` ended durably (see
-    /// [`WorkerCommand::Released`]); false if the session is gone.
-    pub fn release_worker_run(&self, worker: WorkerId, agent: AgentId) -> bool {
-        let attempt = self.agents.get(&agent).map_or(0, |r| r.view.attempt);
+    /// Tells `worker` that its run of `agent` (at `attempt`; 0: the
+    /// agent's latest) ended durably (see [`WorkerCommand::Released`]);
+    /// false if the session is gone.
+    pub fn release_worker_run(&self, worker: WorkerId, agent: AgentId, attempt: u32) -> bool {
+        let attempt = match attempt {
+            0 => self.agents.get(&agent).map_or(0, |r| r.view.attempt),
+            n => n,
+        };
         self.workers.send(
             worker,
             WorkerCommand::Released {
