@@ -390,6 +390,15 @@ async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_
 
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
+    // Before its worker is back, the held run takes a steer (kept for the
+    // re-attach) but not an approval decision (nothing could receive it).
+    client
+        .steer(pb::SteerRequest {
+            id: kept.id.clone(),
+            message: "while you were away".into(),
+        })
+        .await
+        .unwrap();
     let stranger = uuid::Uuid::now_v7().to_string();
     let mut worker = RawWorker::connect(
         &server,
@@ -405,8 +414,17 @@ async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_
         ],
     )
     .await;
+    // The waiting steer goes to the re-attached run, the unknown run is
+    // cancelled; no new assignment.
+    let pb::connect_response::Message::Steer(waited) = worker.next().await else {
+        panic!("the steer sent during the grace comes first");
+    };
+    assert_eq!(
+        (waited.agent_id.as_str(), waited.message.as_str()),
+        (kept.id.as_str(), "while you were away")
+    );
     let pb::connect_response::Message::Cancel(cancel) = worker.next().await else {
-        panic!("the unknown run is cancelled first, with no new assignment");
+        panic!("then the unknown run is cancelled, with no new assignment");
     };
     assert_eq!(cancel.agent_id, stranger);
     let held = common::status_of(&mut client, &kept.id).await;

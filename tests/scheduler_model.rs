@@ -2082,6 +2082,21 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                     (_, RunnerKind::Worker) => {
                         assert_eq!(view.status, state, "{ctx}: held for re-attach");
                         assert!(held.contains(&subject), "{ctx}");
+                        if let Some(approval) = &view.approval {
+                            // Nothing could receive a decision before the
+                            // worker is back.
+                            let outcome = ApprovalOutcome {
+                                approved: true,
+                                note: String::new(),
+                            };
+                            let err = again
+                                .decide_approval(subject, approval.id, outcome)
+                                .unwrap_err();
+                            assert!(
+                                matches!(err, Error::AwaitingReattach { id } if id == subject),
+                                "{ctx}: {err:?}"
+                            );
+                        }
                         again.reattach_grace_passed(&held);
                         let after = again.view(subject).unwrap();
                         if retry == 1 {

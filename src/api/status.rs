@@ -63,7 +63,7 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::DescendantLimit { .. } => REASON_DESCENDANT_LIMIT_REACHED,
         Error::ShuttingDown => REASON_SHUTTING_DOWN,
         Error::StoreFailed => REASON_STORE_FAILED,
-        Error::Recovering => REASON_RECOVERING,
+        Error::Recovering | Error::AwaitingReattach { .. } => REASON_RECOVERING,
         Error::SteerNotAccepted { .. } => REASON_STEER_NOT_ACCEPTED,
         Error::NotAwaitingApproval { .. } => REASON_NOT_AWAITING_APPROVAL,
         Error::ApprovalMismatch { .. } => REASON_APPROVAL_MISMATCH,
@@ -194,6 +194,10 @@ impl From<Error> for Status {
                 info(&mut d, REASON_RECOVERING, &[]);
                 Code::Unavailable
             }
+            Error::AwaitingReattach { id } => {
+                info(&mut d, REASON_RECOVERING, &[("agent_id", id.to_string())]);
+                Code::Unavailable
+            }
             Error::SteerNotAccepted { id, agent_type } => {
                 info(
                     &mut d,
@@ -274,6 +278,12 @@ mod tests {
         for (err, reason) in [
             (Error::StoreFailed, REASON_STORE_FAILED),
             (Error::Recovering, REASON_RECOVERING),
+            (
+                Error::AwaitingReattach {
+                    id: uuid::Uuid::nil(),
+                },
+                REASON_RECOVERING,
+            ),
         ] {
             let status = Status::from(err);
             assert_eq!(status.code(), Code::Unavailable);

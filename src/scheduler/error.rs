@@ -89,6 +89,14 @@ pub enum Error {
     /// The server is reading its store at start.
     #[error("the server is recovering its state from the store after a restart; retry shortly")]
     Recovering,
+    /// Approve for a worker run whose worker has not re-attached since a
+    /// restart: nothing could receive the decision yet.
+    #[error(
+        "agent {id}'s run waits for its worker to re-attach after a server restart; retry the \
+         approval once it has (within [runs] worker_reattach_grace, or the run follows the \
+         worker-lost rules)"
+    )]
+    AwaitingReattach { id: AgentId },
     /// Steer to an agent whose type takes no steer messages.
     #[error("agent {id} is of type \"{agent_type}\", which does not accept steering (set steer = \"stdin\" in [agents.{agent_type}] to send steer messages to its standard input)")]
     SteerNotAccepted { id: AgentId, agent_type: String },

@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::Core;
+use crate::config::RunnerKind;
 use crate::scheduler::{error::Error, queue::Dirty, trace::SpanEventKind, types::*};
 
 impl Core {
@@ -85,6 +86,11 @@ impl Core {
                 given: approval_id,
                 pending,
             });
+        }
+        if rec.runner == RunnerKind::Worker && rec.run.is_none() {
+            // Restored for its worker to re-attach: the decision would have
+            // nowhere to go, and the run would start over.
+            return Err(Error::AwaitingReattach { id });
         }
         if let Some(run) = rec.run.as_mut() {
             run.decision = Some((approval_id, outcome));

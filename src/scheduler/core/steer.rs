@@ -41,7 +41,20 @@ impl Core {
             ));
         }
         let delivered_bytes = message.len();
+        // A worker run restored for its worker to re-attach: the session
+        // it names is gone, so the message waits (stored) and goes to the
+        // worker with the re-attach.
+        let reattaching = rec.runner == RunnerKind::Worker
+            && rec
+                .view
+                .worker_id
+                .is_none_or(|w| !self.workers.is_connected(w));
         let delivery = match rec.view.status {
+            AgentStatus::Running if reattaching => {
+                rec.steer_buffer.push(message);
+                self.changed(id);
+                SteerDelivery::Buffered
+            }
             AgentStatus::Running => {
                 match (rec.view.worker_id, &rec.run) {
                     (Some(worker), _) if rec.runner == RunnerKind::Worker => {

@@ -90,6 +90,16 @@ impl Core {
         self.workers.hold(worker, id);
         let rec = self.agents.get_mut(&id).expect("checked above");
         rec.view.worker_id = Some(worker);
+        // Steer messages that waited for the re-attach, in order.
+        for message in std::mem::take(&mut rec.steer_buffer) {
+            self.workers.send(
+                worker,
+                WorkerCommand::Steer {
+                    agent_id: id,
+                    message,
+                },
+            );
+        }
         let (mut control, inbox) = RunControl::fresh();
         control.report_seq = self.held_report_seqs.remove(&id).unwrap_or(0);
         let (progress, cancel) = (control.progress.clone(), control.cancel.clone());
