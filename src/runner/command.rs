@@ -271,23 +271,27 @@ async fn start(
         child
     });
     // Ends with an error, not a pid, when the spawn fails before the
-    // child's hook runs (the parent's write end closes with it).
-    let pid = tokio::task::spawn_blocking(move || {
-        let mut pid = [0; 4];
-        pid_rx
-            .read_exact(&mut pid)
-            .map(|()| i32::from_ne_bytes(pid))
+    // child's hook runs (the parent's write end closes with it). The guard
+    // is armed on the blocking thread, as soon as the pid is known: if this
+    // future is dropped first, the guard drops with the task's unread
+    // output, and its SIGTERM ends the waiting child.
+    let grace = cfg.kill_grace();
+    let armed = tokio::task::spawn_blocking({
+        let groups = groups.clone();
+        move || {
+            let mut pid = [0; 4];
+            pid_rx.read_exact(&mut pid).map(|()| {
+                let pgid = i32::from_ne_bytes(pid);
+                (pgid, GroupGuard::new(Some(pgid), grace, groups))
+            })
+        }
     })
     .await;
     let mut guard = None;
-    if let Ok(Ok(pgid)) = pid {
+    if let Ok(Ok((pgid, armed))) = armed {
         // The child leads its own group (set before the hook runs). From
         // here on, however this future ends, the group is stopped.
-        guard = Some(GroupGuard::new(
-            Some(pgid),
-            cfg.kill_grace(),
-            groups.clone(),
-        ));
+        guard = Some(armed);
         // Its start time cannot be unreadable while it waits for us; if it
         // were, it would run unrecorded (as every program did before).
         let recorded = match start_ticks(pgid) {
@@ -313,11 +317,18 @@ async fn start(
         Ok(Ok(child)) => {
             let guard = guard.unwrap_or_else(|| {
                 let pgid = child.id().and_then(|id| i32::try_from(id).ok());
-                GroupGuard::new(pgid, cfg.kill_grace(), groups)
+                GroupGuard::new(pgid, grace, groups)
             });
             Ok((child, guard))
         }
-        Ok(Err(e)) => Err(spawn_failed(cfg, &e)),
+        Ok(Err(e)) => {
+            // The exec failed and `spawn` reaped the child: its pid may be
+            // another process's by now, so nothing is signalled.
+            if let Some(guard) = guard.as_mut() {
+                guard.disarm();
+            }
+            Err(spawn_failed(cfg, &e))
+        }
         Err(e) => Err(AgentError::new(
             CODE_SPAWN_FAILED,
             format!("starting the program failed: {e}"),
@@ -326,8 +337,8 @@ async fn start(
 }
 
 /// The child's side of [`start`]'s handshake, between fork and exec.
-/// `mine` are its ends of the pipes (pid writer, gate reader), `theirs`
-/// the parent's ends it inherited, `server` the parent's pid.
+/// The first pair are its ends of the pipes (pid writer, gate reader), the
+/// second the parent's ends it inherited, `server` the parent's pid.
 #[allow(unsafe_code)]
 fn exec_gate(
     (pid_fd, gate_fd): (RawFd, RawFd),
@@ -575,6 +586,13 @@ impl GroupGuard {
             pgid,
             grace,
             groups,
+        }
+    }
+
+    /// Forgets the group without signalling it (it is gone, reaped).
+    fn disarm(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            self.groups.lock().remove(&pgid);
         }
     }
 
