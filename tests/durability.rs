@@ -343,6 +343,40 @@ impl RawWorker {
     }
 }
 
+/// A config over `store` with the worker type `coder`, no bucket limit,
+/// and `extra` TOML after it.
+fn coder_config(store: &Store, extra: &str) -> String {
+    format!(
+        "{}[agents.coder]\nrunner = \"worker\"\n{extra}",
+        store
+            .config()
+            .replace("default_concurrency = 1", "default_concurrency = 0")
+    )
+}
+
+/// A background agent of type `coder`.
+async fn spawn_coder(client: &mut AgentServiceClient<Channel>, prompt: &str) -> pb::Agent {
+    let request = pb::SpawnRequest {
+        agent: "coder".into(),
+        ..common::bg("acme/m", prompt)
+    };
+    common::spawn(client, request).await
+}
+
+impl RawWorker {
+    /// The next `n` messages, each of which must be an assignment.
+    async fn assignments(&mut self, n: usize) -> Vec<pb::RunAssignment> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let pb::connect_response::Message::Assign(a) = self.next().await else {
+                panic!("expected an assignment");
+            };
+            out.push(a);
+        }
+        out
+    }
+}
+
 /// Issue 13 §4: a worker run survives a server crash. The worker that
 /// still holds it re-attaches with the same attempt (no new assignment),
 /// gets steer commands again and finishes it; a run it names that the
@@ -353,35 +387,13 @@ async fn a_worker_run_re_attaches_after_a_crash_and_an_orphan_is_lost_after_the_
     let Some(store) = Store::new("embedded").await else {
         return;
     };
-    let toml = format!(
-        "{}[agents.coder]\nrunner = \"worker\"\n\n[runs]\nworker_reattach_grace = \"2s\"\n",
-        store
-            .config()
-            .replace("default_concurrency = 1", "default_concurrency = 0")
-    );
+    let toml = coder_config(&store, "\n[runs]\nworker_reattach_grace = \"2s\"\n");
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
     let mut worker = RawWorker::connect(&server, vec![]).await;
-    let kept = common::spawn(
-        &mut client,
-        pb::SpawnRequest {
-            agent: "coder".into(),
-            ..common::bg("acme/m", "keep me")
-        },
-    )
-    .await;
-    let orphan = common::spawn(
-        &mut client,
-        pb::SpawnRequest {
-            agent: "coder".into(),
-            ..common::bg("acme/m", "nobody comes back for me")
-        },
-    )
-    .await;
-    for _ in 0..2 {
-        let pb::connect_response::Message::Assign(a) = worker.next().await else {
-            panic!("expected assignments");
-        };
+    let kept = spawn_coder(&mut client, "keep me").await;
+    let orphan = spawn_coder(&mut client, "nobody comes back for me").await;
+    for a in worker.assignments(2).await {
         assert_eq!(a.agent.unwrap().attempt, 1);
     }
     server.signal(Signal::SIGKILL);
@@ -472,36 +484,13 @@ async fn released_worker_run_stays_ended(backend: &str) {
     let Some(store) = Store::new(backend).await else {
         return;
     };
-    let toml = format!(
-        "{}[agents.coder]\nrunner = \"worker\"\n",
-        store
-            .config()
-            .replace("default_concurrency = 1", "default_concurrency = 0")
-    );
+    let toml = coder_config(&store, "");
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
     let mut worker = RawWorker::connect(&server, vec![]).await;
-    let released = common::spawn(
-        &mut client,
-        pb::SpawnRequest {
-            agent: "coder".into(),
-            ..common::bg("acme/m", "finish before the crash")
-        },
-    )
-    .await;
-    let unreleased = common::spawn(
-        &mut client,
-        pb::SpawnRequest {
-            agent: "coder".into(),
-            ..common::bg("acme/m", "finish after the crash")
-        },
-    )
-    .await;
-    for _ in 0..2 {
-        let pb::connect_response::Message::Assign(_) = worker.next().await else {
-            panic!("expected assignments");
-        };
-    }
+    let released = spawn_coder(&mut client, "finish before the crash").await;
+    let unreleased = spawn_coder(&mut client, "finish after the crash").await;
+    worker.assignments(2).await;
     worker.done(&released.id, "kept");
     let pb::connect_response::Message::Released(r) = worker.next().await else {
         panic!("expected released");

@@ -1969,12 +1969,70 @@ fn a_buffered_steer_reaches_the_run_that_starts_after_a_restart() {
     assert_eq!(starts[0].steer.try_recv().as_deref(), Some("go left"));
 }
 
+/// Tests of one agent type `t`: its config, a small watch history and the
+/// limits, for a core with one worker `w` serving `t` and for the core a
+/// restart rebuilds.
+struct TypeT {
+    types: BTreeMap<String, AgentTypeConfig>,
+    limits: Limits,
+    watch: WatchConfig,
+}
+
+impl TypeT {
+    fn new(config: AgentTypeConfig, limits: Limits) -> Self {
+        Self {
+            types: BTreeMap::from([("t".to_owned(), config)]),
+            limits,
+            watch: WatchConfig {
+                history: 64,
+                subscriber_buffer: 64,
+            },
+        }
+    }
+
+    /// A new core with these settings.
+    fn core(&self) -> Core {
+        Core::new(
+            self.limits.clone(),
+            RunsConfig::default(),
+            &self.watch,
+            self.types.clone(),
+        )
+    }
+
+    /// A core tracking its changes, with worker `w` (capacity 4) serving
+    /// `t`, and the worker's command channel.
+    fn core_with_worker(&self) -> (Core, WorkerId, mpsc::UnboundedReceiver<WorkerCommand>) {
+        let mut core = self.core();
+        core.track_changes();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let worker = core.register_worker(
+            WorkerInfo {
+                name: "w".into(),
+                agents: vec!["t".into()],
+                capacity: 4,
+                labels: BTreeMap::new(),
+            },
+            tx,
+            &[],
+        );
+        (core, worker, rx)
+    }
+
+    /// A background root agent of type `t`.
+    fn spec() -> SpawnSpec {
+        SpawnSpec {
+            agent: "t".to_owned(),
+            ..root_spec(true)
+        }
+    }
+}
+
 /// Issue 13 §5, the recovery matrix at the core: each live state × each
 /// runner kind × `retry_on_restart` 0 / 1 (worker types: their re-attach
 /// grace passing with no worker back, under `retry_on_worker_lost` 0 / 1).
 #[test]
 fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
-    use subagentd::scheduler::WorkerInfo;
     let kinds = [
         RunnerKind::Simulated,
         RunnerKind::Command,
@@ -1989,41 +2047,20 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                 AgentStatus::AwaitingApproval,
             ] {
                 let ctx = format!("{kind:?} retry {retry} {state:?}");
-                let types = BTreeMap::from([(
-                    "t".to_owned(),
+                let t = TypeT::new(
                     AgentTypeConfig {
                         runner: kind,
                         retry_on_restart: if kind == RunnerKind::Worker { 0 } else { retry },
                         retry_on_worker_lost: if kind == RunnerKind::Worker { retry } else { 0 },
                         ..AgentTypeConfig::default()
                     },
-                )]);
-                let limits = Limits {
-                    default_concurrency: 1,
-                    ..unlimited()
-                };
-                let watch = WatchConfig {
-                    history: 64,
-                    subscriber_buffer: 64,
-                };
-                let mut core =
-                    Core::new(limits.clone(), RunsConfig::default(), &watch, types.clone());
-                core.track_changes();
-                let (tx, _rx) = mpsc::unbounded_channel();
-                let worker = core.register_worker(
-                    WorkerInfo {
-                        name: "w".into(),
-                        agents: vec!["t".into()],
-                        capacity: 4,
-                        labels: BTreeMap::new(),
+                    Limits {
+                        default_concurrency: 1,
+                        ..unlimited()
                     },
-                    tx,
-                    &[],
                 );
-                let spec = SpawnSpec {
-                    agent: "t".to_owned(),
-                    ..root_spec(true)
-                };
+                let (mut core, worker, _rx) = t.core_with_worker();
+                let spec = TypeT::spec();
                 let now = SystemTime::now();
                 let (first, _) = core.spawn(spec.clone(), now).unwrap();
                 let (second, _) = core.spawn(spec, now).unwrap();
@@ -2060,7 +2097,7 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                 let store = MemoryStore::new();
                 store.clone().commit(&batch).unwrap();
 
-                let mut again = Core::new(limits, RunsConfig::default(), &watch, types);
+                let mut again = t.core();
                 let mut report = again
                     .restore(store.clone().load().unwrap().decode().unwrap(), 64, 64)
                     .unwrap();
@@ -2143,44 +2180,23 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
 /// as an agent that has not started.
 #[test]
 fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
-    use subagentd::scheduler::WorkerInfo;
     for kind in [RunnerKind::Simulated, RunnerKind::Worker] {
         for retry in [0u32, 1] {
             let ctx = format!("{kind:?} retry {retry}");
-            let types = BTreeMap::from([(
-                "t".to_owned(),
+            let t = TypeT::new(
                 AgentTypeConfig {
                     runner: kind,
                     retry_on_restart: retry,
                     retry_on_worker_lost: retry,
                     ..AgentTypeConfig::default()
                 },
-            )]);
-            let limits = Limits {
-                default_concurrency: 1,
-                ..unlimited()
-            };
-            let watch = WatchConfig {
-                history: 64,
-                subscriber_buffer: 64,
-            };
-            let mut core = Core::new(limits.clone(), RunsConfig::default(), &watch, types.clone());
-            core.track_changes();
-            let (tx, _rx) = mpsc::unbounded_channel();
-            let worker = core.register_worker(
-                WorkerInfo {
-                    name: "w".into(),
-                    agents: vec!["t".into()],
-                    capacity: 4,
-                    labels: BTreeMap::new(),
+                Limits {
+                    default_concurrency: 1,
+                    ..unlimited()
                 },
-                tx,
-                &[],
             );
-            let spec = SpawnSpec {
-                agent: "t".to_owned(),
-                ..root_spec(true)
-            };
+            let (mut core, worker, _rx) = t.core_with_worker();
+            let spec = TypeT::spec();
             let now = SystemTime::now();
             let (first, _) = core.spawn(spec.clone(), now).unwrap();
             let (second, _) = core.spawn(spec, now).unwrap();
@@ -2229,7 +2245,7 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
             let store = MemoryStore::new();
             store.clone().commit(&batch).unwrap();
 
-            let mut again = Core::new(limits, RunsConfig::default(), &watch, types);
+            let mut again = t.core();
             let mut report = again
                 .restore(store.clone().load().unwrap().decode().unwrap(), 64, 64)
                 .unwrap();
@@ -2266,35 +2282,16 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
 /// unnumbered ones (0) always apply.
 #[test]
 fn a_numbered_worker_report_applies_once() {
-    use subagentd::scheduler::{Usage, WorkerInfo};
-    let types = BTreeMap::from([(
-        "t".to_owned(),
+    use subagentd::scheduler::Usage;
+    let t = TypeT::new(
         AgentTypeConfig {
             runner: RunnerKind::Worker,
             ..AgentTypeConfig::default()
         },
-    )]);
-    let watch = WatchConfig {
-        history: 64,
-        subscriber_buffer: 64,
-    };
-    let mut core = Core::new(unlimited(), RunsConfig::default(), &watch, types);
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let worker = core.register_worker(
-        WorkerInfo {
-            name: "w".into(),
-            agents: vec!["t".into()],
-            capacity: 1,
-            labels: BTreeMap::new(),
-        },
-        tx,
-        &[],
+        unlimited(),
     );
-    let spec = SpawnSpec {
-        agent: "t".to_owned(),
-        ..root_spec(true)
-    };
-    let (agent, _) = core.spawn(spec, SystemTime::now()).unwrap();
+    let (mut core, worker, _rx) = t.core_with_worker();
+    let (agent, _) = core.spawn(TypeT::spec(), SystemTime::now()).unwrap();
     let usage = |n| {
         WorkerEvent::Usage(Usage {
             input_tokens: n,
