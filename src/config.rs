@@ -111,6 +111,93 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[store]`: where durable state lives. Read at start only.
     pub store: StoreConfig,
+    /// `[ha]`: leader election among servers on one PostgreSQL store.
+    /// Read at start only.
+    pub ha: HaConfig,
+}
+
+/// Default `[ha] lease_ttl`.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// The shortest `[ha] lease_ttl`: a shorter lease would be lost to one
+/// slow database round trip.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// `[ha]` section: how servers sharing one PostgreSQL store elect the one
+/// that schedules (the leader) and reach it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HaConfig {
+    /// How long a leader's lease lasts unless renewed. Every election
+    /// timer derives from it. Default 10 s, at least 1 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// `host:port` at which the other servers reach this one when it
+    /// leads. Empty (default): `$POD_IP:<listen port>` when `POD_IP` is
+    /// set, otherwise the listen address.
+    pub advertise_address: String,
+}
+
+impl Default for HaConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: DEFAULT_LEASE_TTL,
+            advertise_address: String::new(),
+        }
+    }
+}
+
+impl HaConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.lease_ttl < MIN_LEASE_TTL {
+            return Err(invalid(
+                "ha.lease_ttl",
+                format!(
+                    "must be ≥ 1s (got {})",
+                    humantime::format_duration(self.lease_ttl)
+                ),
+            ));
+        }
+        if !self.advertise_address.is_empty() && !is_host_port(&self.advertise_address) {
+            return Err(invalid(
+                "ha.advertise_address",
+                format!("must be host:port (got {:?})", self.advertise_address),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Where other servers reach this one: `advertise_address`, else
+    /// `$POD_IP:<port of listen>` when `pod_ip` (the `POD_IP` variable) is
+    /// set, else `listen` itself.
+    pub fn advertised(&self, listen: SocketAddr, pod_ip: Option<&str>) -> String {
+        if !self.advertise_address.is_empty() {
+            return self.advertise_address.clone();
+        }
+        match pod_ip.map(str::trim).filter(|ip| !ip.is_empty()) {
+            // An IPv6 pod address needs brackets before its port.
+            Some(ip) if ip.contains(':') => format!("[{ip}]:{}", listen.port()),
+            Some(ip) => format!("{ip}:{}", listen.port()),
+            None => listen.to_string(),
+        }
+    }
+}
+
+/// `host:port` with a non-empty host (a name, an IPv4 address or a
+/// bracketed IPv6 one) and a port number.
+fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+        }
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 /// Which engine keeps durable state.
@@ -812,6 +899,7 @@ impl Default for Config {
             agents: default_agents(),
             telemetry: TelemetryConfig::default(),
             store: StoreConfig::default(),
+            ha: HaConfig::default(),
         }
     }
 }
@@ -1006,7 +1094,8 @@ impl Config {
             return Err(invalid("server.keepalive_timeout", "must be > 0"));
         }
         self.telemetry.validate()?;
-        self.store.validate()
+        self.store.validate()?;
+        self.ha.validate()
     }
 
     /// The config as TOML, as `--dump-config` prints it (a password in
@@ -1062,6 +1151,70 @@ mod tests {
         .unwrap();
         assert_eq!(c.runs.default_timeout, Duration::from_millis(500));
         assert_eq!(c.runs.finished_retention, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn ha_defaults_to_a_ten_second_lease_and_no_advertised_address() {
+        let c = ConfigSource::from_toml_str("").unwrap();
+        assert_eq!(c.ha.lease_ttl, Duration::from_secs(10));
+        assert_eq!(c.ha.advertise_address, "");
+        let c = ConfigSource::from_toml_str(
+            "[ha]\nlease_ttl = \"3s\"\nadvertise_address = \"subagentd-0.subagentd:50051\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.ha.lease_ttl, Duration::from_secs(3));
+        assert_eq!(c.ha.advertise_address, "subagentd-0.subagentd:50051");
+    }
+
+    #[test]
+    fn a_lease_shorter_than_a_second_is_refused() {
+        let err = ConfigSource::from_toml_str("[ha]\nlease_ttl = \"900ms\"\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("ha.lease_ttl") && msg.contains("≥ 1s") && msg.contains("900ms"),
+            "{msg}"
+        );
+        ConfigSource::from_toml_str("[ha]\nlease_ttl = \"1s\"\n").unwrap();
+    }
+
+    #[test]
+    fn an_advertise_address_must_be_host_and_port() {
+        for bad in [
+            "subagentd",
+            "subagentd:",
+            ":50051",
+            "host:0",
+            "host:99999",
+            "a b:1",
+            "[::1:5",
+        ] {
+            let toml = format!("[ha]\nadvertise_address = {bad:?}\n");
+            let err = ConfigSource::from_toml_str(&toml).unwrap_err();
+            assert!(
+                err.to_string().contains("ha.advertise_address"),
+                "{bad}: {err}"
+            );
+        }
+        for good in [
+            "10.0.0.7:50051",
+            "subagentd-1.subagentd.ns.svc:8443",
+            "[fd00::7]:50051",
+        ] {
+            let toml = format!("[ha]\nadvertise_address = {good:?}\n");
+            ConfigSource::from_toml_str(&toml).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_advertised_address_falls_back_to_the_pod_ip_then_the_listen_address() {
+        let listen: SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let mut ha = HaConfig::default();
+        assert_eq!(ha.advertised(listen, Some("10.1.2.3")), "10.1.2.3:50051");
+        assert_eq!(ha.advertised(listen, Some("fd00::3")), "[fd00::3]:50051");
+        assert_eq!(ha.advertised(listen, Some("")), "0.0.0.0:50051");
+        assert_eq!(ha.advertised(listen, None), "0.0.0.0:50051");
+        ha.advertise_address = "lead.example:7000".into();
+        assert_eq!(ha.advertised(listen, Some("10.1.2.3")), "lead.example:7000");
     }
 
     #[test]
