@@ -28,7 +28,7 @@ const NEXT_ADMISSION: &str = "next_admission";
 
 /// Migrations from each older schema version to the next: entry `i`
 /// upgrades version `i + 1` to `i + 2`.
-const MIGRATIONS: &[Migration] = &[v1_to_v2];
+const MIGRATIONS: &[Migration] = &[v1_to_v2, v2_to_v3];
 // One per version step, or a store of the missing step's version would be
 // recorded as current without its migration.
 const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize - 1);
@@ -40,6 +40,11 @@ type Migration = fn(&WriteTransaction) -> Result<(), redb::Error>;
 /// Version 2 added a field to agent rows that version 1 rows lack (see
 /// [`SCHEMA_VERSION`]): nothing to rewrite.
 fn v1_to_v2(_: &WriteTransaction) -> Result<(), redb::Error> {
+    Ok(())
+}
+
+/// Version 3 added the PostgreSQL leader lease: nothing here.
+fn v2_to_v3(_: &WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 

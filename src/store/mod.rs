@@ -11,6 +11,7 @@
 //! and a few counters. The encoding lives in [`rows`], once for every engine.
 
 pub mod embedded;
+pub mod lease;
 pub mod memory;
 pub mod postgres;
 mod rows;
@@ -37,7 +38,11 @@ use crate::scheduler::{
 ///   records the version; but a version 1 server would read a paused run
 ///   as an agent that never ran and start it afresh, so it must refuse the
 ///   store.
-pub const SCHEMA_VERSION: u32 = 2;
+/// - 3: PostgreSQL gains the leader lease (`subagentd_lease`); the embedded
+///   store is unchanged (it is single-server). A version 2 server would
+///   ignore the lease and schedule beside the leader, so it must refuse
+///   the database.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Why a store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +64,20 @@ pub enum StoreError {
     InUse {
         /// The database's URL, its password redacted.
         where_: String,
+    },
+    /// This server's leadership ended: another server took the lease, so
+    /// the commit was rolled back and wrote nothing.
+    #[error(
+        "the store at {where_} is led by epoch {current:?} now, not this server's epoch {epoch}: \
+         not committing (another server took over)"
+    )]
+    Deposed {
+        /// The database's URL, its password redacted.
+        where_: String,
+        /// The epoch of this server's lease.
+        epoch: u64,
+        /// The epoch the database records (`None`: no lease row).
+        current: Option<u64>,
     },
     /// The store was written by a newer subagentd.
     #[error(

@@ -1,9 +1,10 @@
-//! The PostgreSQL store: three tables in a database of the operator's.
+//! The PostgreSQL store: four tables in a database of the operator's.
 //!
 //! The engine moves the same encoded rows as the embedded one:
 //! `subagentd_agents` (id → row, plus its admission sequence so that a load
 //! comes back in admission order), `subagentd_events` (sequence → row) and
-//! `subagentd_meta` (the counters and the schema version). A commit is one
+//! `subagentd_meta` (the counters and the schema version), and the leader
+//! lease `subagentd_lease` ([`super::lease`]). A commit is one
 //! transaction, a handful of pipelined statements whatever its size:
 //! multi-row writes go through `UNNEST` of array parameters, so a batch of
 //! a thousand agents is one statement, not a thousand round trips.
@@ -74,6 +75,9 @@ const MIGRATIONS: &[&str] = &[
     // 1 → 2: a field added to agent rows, which version 1 rows lack (see
     // SCHEMA_VERSION): nothing to rewrite.
     "",
+    // 2 → 3: the leader lease, whose table `prepare` creates with the
+    // others in every version.
+    "",
 ];
 // One per version step, or a database of the missing step's version would
 // be recorded as current without its migration.
@@ -102,6 +106,11 @@ const INSERT_EVENTS: &str = "INSERT INTO subagentd_events (seq, row) \
 // and an unbounded `seq <= $2` would walk all of them on every commit.
 const EVICT_EVENTS: &str = "DELETE FROM subagentd_events WHERE seq > $1 AND seq <= $2";
 
+/// The lease's epoch, locked against a take-over until this commit ends:
+/// a standby's take-over waits for the commit, and a commit after the
+/// take-over sees the new epoch.
+const FENCE: &str = "SELECT epoch FROM subagentd_lease WHERE id = 1 FOR SHARE";
+
 const LOAD_AGENTS: &str = "SELECT row FROM subagentd_agents ORDER BY seq";
 const LOAD_EVENTS: &str = "SELECT seq, row FROM subagentd_events ORDER BY seq";
 const LOAD_META: &str = "SELECT key, value FROM subagentd_meta";
@@ -129,6 +138,9 @@ pub struct PostgresStore {
     /// `evicted_through` as of this store's last commit; `None` before its
     /// first (so that one deletes everything up to its own).
     evicted_through: Option<i64>,
+    /// The epoch of the lease this server leads by; its commits write only
+    /// while the database records that epoch. `None`: unfenced.
+    fence: Option<u64>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -203,6 +215,7 @@ impl PostgresStore {
             lock,
             where_,
             evicted_through: None,
+            fence: None,
         };
         store.prepare()?;
         Ok(store)
@@ -216,6 +229,7 @@ impl PostgresStore {
             let mut client = self.pool.get().await.or_engine(w)?;
             let tx = client.transaction().await.or_engine(w)?;
             tx.batch_execute(CREATE_TABLES).await.or_engine(w)?;
+            tx.batch_execute(super::lease::CREATE).await.or_engine(w)?;
             let found = tx.query_opt(GET_SCHEMA, &[&SCHEMA]).await.or_engine(w)?;
             if let Some(row) = found {
                 let found = row.try_get::<_, i64>(0).or_engine(w)?;
@@ -235,6 +249,15 @@ impl PostgresStore {
             tx.execute(PUT_META, &[&keys, &values]).await.or_engine(w)?;
             tx.commit().await.or_engine(w)
         })
+    }
+
+    /// Commits only while the lease the database records has `epoch`
+    /// (the one this server took, see [`super::lease`]); after a take-over
+    /// a commit rolls back and fails with [`StoreError::Deposed`].
+    #[must_use]
+    pub fn fenced(mut self, epoch: u64) -> Self {
+        self.fence = Some(epoch);
+        self
     }
 
     fn block_on<F: Future>(&self, future: F) -> F::Output {
@@ -331,14 +354,37 @@ impl Store for PostgresStore {
             // all are sent before the first answer is awaited, and the
             // server runs them in order; if one fails, the rest fail and
             // dropping the transaction rolls it back.
-            try_join_all(
-                prepared
-                    .iter()
-                    .zip(params)
-                    .map(|(statement, params)| tx.execute(statement, params)),
+            let fence = async {
+                match self.fence {
+                    Some(_) => tx.query_opt(FENCE, &[]).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let (fence, _) = futures_util::future::try_join(
+                fence,
+                try_join_all(
+                    prepared
+                        .iter()
+                        .zip(params)
+                        .map(|(statement, params)| tx.execute(statement, params)),
+                ),
             )
             .await
             .or_engine(w)?;
+            if let (Some(epoch), Some(row)) = (self.fence, fence) {
+                let current = row
+                    .map(|row| row.try_get::<_, i64>(0).map_err(corrupt))
+                    .transpose()?
+                    .and_then(|e| u64::try_from(e).ok());
+                if current != Some(epoch) {
+                    // Dropping the transaction rolls every statement back.
+                    return Err(StoreError::Deposed {
+                        where_: self.where_.clone(),
+                        epoch,
+                        current,
+                    });
+                }
+            }
             // Returns once the server has flushed the commit to its WAL. A
             // connection lost now leaves the outcome unknown: an Engine
             // error, never retried.
@@ -415,7 +461,7 @@ impl Store for PostgresStore {
 /// `password_file` (its one trailing newline trimmed) if set, and the
 /// defaults subagentd adds: [`DEFAULT_CONNECT_TIMEOUT`] and the
 /// application name `subagentd`, unless the URL sets them.
-fn config_of(
+pub(super) fn config_of(
     url: &str,
     password_file: Option<&Path>,
 ) -> Result<tokio_postgres::Config, StoreError> {
@@ -449,7 +495,7 @@ fn config_of(
 }
 
 /// `url` fit for a message (see [`redact_url`]: never its password).
-fn redacted(url: &str) -> String {
+pub(super) fn redacted(url: &str) -> String {
     redact_url(url)
 }
 
@@ -459,7 +505,7 @@ fn engine(where_: &str, e: impl std::error::Error) -> StoreError {
 
 /// `.or_engine(where_)`: any error of the client or the pool as
 /// [`StoreError::Engine`], naming the (redacted) URL.
-trait OrEngine<T> {
+pub(super) trait OrEngine<T> {
     fn or_engine(self, where_: &str) -> Result<T, StoreError>;
 }
 
@@ -800,6 +846,180 @@ mod tests {
             "postgres://u@h/db?password=***"
         );
         assert_eq!(redacted("host=h password=x"), "host=h password=***");
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn commit_one(store: &mut PostgresStore, state: &AgentState) -> Result<(), StoreError> {
+        let mut batch = Batch::default();
+        batch.add(&ChangeSet {
+            agents: vec![state.clone()],
+            ..Default::default()
+        });
+        store.commit(&batch)
+    }
+
+    #[test]
+    fn the_lease_goes_to_one_server_at_a_time_and_each_take_over_raises_its_epoch() {
+        use crate::store::lease::LeaseClient;
+        let Some(db) = TestDb::create() else { return };
+        let rt = runtime();
+        rt.block_on(async {
+            let ttl = Duration::from_secs(30);
+            let clients: Vec<LeaseClient> =
+                try_join_all((0..8).map(|_| LeaseClient::connect(&db.url, None)))
+                    .await
+                    .unwrap();
+            assert_eq!(clients[0].current().await.unwrap(), None);
+
+            // Eight servers race for a free lease: exactly one gets it.
+            let won = try_join_all(
+                clients
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| async move { c.try_acquire(&format!("server-{i}"), ttl).await }),
+            )
+            .await
+            .unwrap();
+            let winners: Vec<usize> = (0..8).filter(|i| won[*i].is_some()).collect();
+            assert_eq!(winners.len(), 1, "{won:?}");
+            let (w, first) = (winners[0], won[winners[0]].unwrap());
+            let record = clients[0].current().await.unwrap().unwrap();
+            assert_eq!(
+                (record.holder.as_str(), record.epoch),
+                (format!("server-{w}").as_str(), first.epoch)
+            );
+            assert!(
+                record.remaining > Duration::ZERO && record.remaining <= ttl,
+                "{record:?}"
+            );
+
+            // Its renewals hold; nobody else takes it meanwhile.
+            let renewed = clients[w].renew(first, ttl).await.unwrap().unwrap();
+            assert_eq!(renewed.epoch, first.epoch);
+            assert!(renewed.valid_until >= first.valid_until);
+            let other = (w + 1) % 8;
+            assert_eq!(clients[other].try_acquire("late", ttl).await.unwrap(), None);
+
+            // Released, it is free at once, and the next epoch is larger.
+            clients[w].release(renewed).await.unwrap();
+            assert_eq!(
+                clients[0].current().await.unwrap().unwrap().remaining,
+                Duration::ZERO
+            );
+            let second = clients[other]
+                .try_acquire("next", ttl)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(second.epoch > first.epoch, "{second:?} after {first:?}");
+            // The old holder cannot renew or release what it lost.
+            assert_eq!(clients[w].renew(renewed, ttl).await.unwrap(), None);
+            clients[w].release(renewed).await.unwrap();
+            assert_eq!(
+                clients[0].current().await.unwrap().unwrap().epoch,
+                second.epoch
+            );
+            assert!(clients[0].current().await.unwrap().unwrap().remaining > Duration::ZERO);
+        });
+    }
+
+    #[test]
+    fn an_unrenewed_lease_expires_by_the_database_clock_and_is_never_revived() {
+        use crate::store::lease::LeaseClient;
+        let Some(db) = TestDb::create() else { return };
+        let rt = runtime();
+        rt.block_on(async {
+            let (a, b) = (
+                LeaseClient::connect(&db.url, None).await.unwrap(),
+                LeaseClient::connect(&db.url, None).await.unwrap(),
+            );
+            let ttl = Duration::from_millis(300);
+            let started = tokio::time::Instant::now();
+            let held = a.try_acquire("a", ttl).await.unwrap().unwrap();
+            // Polls until the lease is free: b must not get it before it
+            // expires, and must get it then.
+            let taken = loop {
+                if let Some(lease) = b.try_acquire("b", Duration::from_secs(30)).await.unwrap() {
+                    break lease;
+                }
+                assert!(started.elapsed() < Duration::from_secs(10), "never expired");
+                tokio::task::yield_now().await;
+            };
+            assert!(
+                started.elapsed() >= ttl,
+                "taken after {:?}",
+                started.elapsed()
+            );
+            // The holder's own deadline had passed before it could be taken.
+            assert!(held.valid_until <= tokio::time::Instant::now());
+            assert!(taken.epoch > held.epoch);
+            assert_eq!(a.renew(held, ttl).await.unwrap(), None);
+        });
+    }
+
+    #[test]
+    fn a_deposed_leaders_commit_fails_and_writes_nothing() {
+        use crate::store::lease::LeaseClient;
+        let Some(db) = TestDb::create() else { return };
+        let rt = runtime();
+        let ttl = Duration::from_secs(30);
+        let (a, b) = rt.block_on(async {
+            (
+                LeaseClient::connect(&db.url, None).await.unwrap(),
+                LeaseClient::connect(&db.url, None).await.unwrap(),
+            )
+        });
+        let first = rt.block_on(a.try_acquire("a", ttl)).unwrap().unwrap();
+        let mut store = open(&db.url).unwrap().fenced(first.epoch);
+        let (one, two) = (full_state(1), full_state(2));
+        commit_one(&mut store, &one).unwrap();
+
+        rt.block_on(a.release(first)).unwrap();
+        let second = rt.block_on(b.try_acquire("b", ttl)).unwrap().unwrap();
+        let err = commit_one(&mut store, &two).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Deposed { epoch, current, .. }
+                if epoch == first.epoch && current == Some(second.epoch)),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("epoch {}", first.epoch)), "{msg}");
+        assert_eq!(
+            store.load().unwrap().decode().unwrap().agents,
+            vec![one.clone()]
+        );
+        drop(store);
+
+        // The new leader's store writes.
+        let mut store = open(&db.url).unwrap().fenced(second.epoch);
+        commit_one(&mut store, &two).unwrap();
+        assert_eq!(
+            store.load().unwrap().decode().unwrap().agents,
+            vec![one, two]
+        );
+    }
+
+    #[test]
+    fn a_version_2_database_gains_the_lease_table() {
+        let Some(db) = TestDb::create() else { return };
+        drop(open(&db.url).unwrap());
+        admin(
+            &db.url,
+            &format!(
+                "DROP TABLE subagentd_lease; UPDATE subagentd_meta SET value = 2 WHERE key = '{SCHEMA}'"
+            ),
+        )
+        .unwrap();
+        assert!(admin(&db.url, "SELECT 1 FROM subagentd_lease").is_err());
+        drop(open(&db.url).unwrap());
+        assert_eq!(schema_version(&db.url), 3);
+        admin(&db.url, "SELECT 1 FROM subagentd_lease").unwrap();
     }
 
     #[test]
