@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_postgres::NoTls;
 
 use super::{
-    postgres::{config_of, redacted, OrEngine},
+    postgres::{config_of, redacted, OrEngine, DDL_LOCK, DDL_LOCK_KEY},
     StoreError,
 };
 
@@ -103,9 +103,14 @@ impl LeaseClient {
     pub async fn connect(url: &str, password_file: Option<&Path>) -> Result<Self, StoreError> {
         let where_ = redacted(url);
         let config = config_of(url, password_file)?;
-        let (client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
+        let (mut client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
         tokio::spawn(connection);
-        client.batch_execute(CREATE).await.or_engine(&where_)?;
+        let tx = client.transaction().await.or_engine(&where_)?;
+        tx.execute(DDL_LOCK, &[&DDL_LOCK_KEY])
+            .await
+            .or_engine(&where_)?;
+        tx.batch_execute(CREATE).await.or_engine(&where_)?;
+        tx.commit().await.or_engine(&where_)?;
         Ok(Self { client, where_ })
     }
 

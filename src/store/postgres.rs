@@ -36,6 +36,14 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// to be a number another application in the same database locks.
 const LOCK_KEY: i64 = fnv1a(b"subagentd") as i64;
 
+/// Serializes schema changes between servers starting at once:
+/// `CREATE TABLE IF NOT EXISTS` is not safe against a concurrent create of
+/// the same table (the loser fails with "already exists"), so every
+/// transaction that creates or migrates tables first takes this
+/// transaction-scoped lock (key: the FNV-1a hash of "subagentd-ddl").
+pub(super) const DDL_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+pub(super) const DDL_LOCK_KEY: i64 = fnv1a(b"subagentd-ddl") as i64;
+
 const fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325_u64;
     let mut i = 0;
@@ -228,6 +236,7 @@ impl PostgresStore {
         self.block_on(async {
             let mut client = self.pool.get().await.or_engine(w)?;
             let tx = client.transaction().await.or_engine(w)?;
+            tx.execute(DDL_LOCK, &[&DDL_LOCK_KEY]).await.or_engine(w)?;
             tx.batch_execute(CREATE_TABLES).await.or_engine(w)?;
             tx.batch_execute(super::lease::CREATE).await.or_engine(w)?;
             let found = tx.query_opt(GET_SCHEMA, &[&SCHEMA]).await.or_engine(w)?;
