@@ -5,6 +5,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod ha;
 pub mod pb;
 pub mod runner;
 pub mod scheduler;
