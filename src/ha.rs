@@ -14,12 +14,18 @@
 //! (a commit checks the lease epoch) still stops its writes if it acted
 //! anyway.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
+use parking_lot::Mutex;
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::store::{
-    lease::{Lease, LeaseClient},
+    lease::{Lease, LeaseClient, LeaseRecord},
     StoreError,
 };
 
@@ -49,26 +55,79 @@ pub trait LeaseBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
     /// See [`LeaseClient::release`].
     fn release(&self, lease: Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// See [`LeaseClient::current`].
+    fn current(&self) -> impl Future<Output = Result<Option<LeaseRecord>, StoreError>> + Send;
+    /// Resolves when some server may have released the lease (a hint: it
+    /// may also never resolve, and polling still takes a free lease).
+    fn released(&self) -> impl Future<Output = ()> + Send;
 }
 
-impl LeaseBackend for LeaseClient {
-    fn try_acquire(
-        &self,
-        holder: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
-        LeaseClient::try_acquire(self, holder, ttl)
+/// The lease in a PostgreSQL database, over one connection that is opened
+/// again when it was lost (a database restart, a network cut): servers
+/// that cannot reach the database keep trying rather than exit.
+#[derive(Debug)]
+pub struct PgLease {
+    url: String,
+    password_file: Option<PathBuf>,
+    client: Mutex<Option<Arc<LeaseClient>>>,
+}
+
+impl PgLease {
+    /// A lease on the database at `url`; connects at its first call.
+    pub fn new(url: &str, password_file: Option<&Path>) -> Self {
+        Self {
+            url: url.to_owned(),
+            password_file: password_file.map(Path::to_owned),
+            client: Mutex::new(None),
+        }
     }
-    fn renew(
-        &self,
-        lease: Lease,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
-        LeaseClient::renew(self, lease, ttl)
+
+    async fn client(&self) -> Result<Arc<LeaseClient>, StoreError> {
+        let open = self.client.lock().clone().filter(|c| !c.is_closed());
+        if let Some(client) = open {
+            return Ok(client);
+        }
+        let client =
+            Arc::new(LeaseClient::connect(&self.url, self.password_file.as_deref()).await?);
+        *self.client.lock() = Some(client.clone());
+        Ok(client)
     }
-    fn release(&self, lease: Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
-        LeaseClient::release(self, lease)
+}
+
+impl LeaseBackend for PgLease {
+    async fn try_acquire(&self, holder: &str, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        self.client().await?.try_acquire(holder, ttl).await
     }
+    async fn renew(&self, lease: Lease, ttl: Duration) -> Result<Option<Lease>, StoreError> {
+        self.client().await?.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: Lease) -> Result<(), StoreError> {
+        self.client().await?.release(lease).await
+    }
+    async fn current(&self) -> Result<Option<LeaseRecord>, StoreError> {
+        self.client().await?.current().await
+    }
+    async fn released(&self) {
+        let client = self.client.lock().clone();
+        match client {
+            Some(client) => client.released().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The holder name of a server: its advertised address (where standbys
+/// forward to) and an id of this process (so that a restarted server on
+/// the same address is a different holder).
+pub fn holder_name(advertised: &str) -> String {
+    format!("{advertised}#{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The advertised address in a holder name.
+pub fn address_of(holder: &str) -> &str {
+    holder
+        .rsplit_once('#')
+        .map_or(holder, |(address, _)| address)
 }
 
 /// The timers of an election, all derived from `lease_ttl`.
@@ -103,6 +162,7 @@ impl Timing {
 #[derive(Debug)]
 pub struct Elector {
     role: watch::Receiver<Role>,
+    leader: watch::Receiver<Option<String>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -112,10 +172,12 @@ impl Elector {
     /// instance id).
     pub fn start<B: LeaseBackend>(backend: Arc<B>, holder: String, timing: Timing) -> Self {
         let (tx, role) = watch::channel(Role::Standby);
+        let (leader_tx, leader) = watch::channel(None);
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(run(backend, holder, timing, tx, stopped));
+        let task = tokio::spawn(run(backend, holder, timing, (tx, leader_tx), stopped));
         Self {
             role,
+            leader,
             stop: Some(stop),
             task: Some(task),
         }
@@ -124,6 +186,12 @@ impl Elector {
     /// The current role, and its changes.
     pub fn role(&self) -> watch::Receiver<Role> {
         self.role.clone()
+    }
+
+    /// The holder of a live lease, as a standby last saw it (`None`: no
+    /// leader known, or this server leads).
+    pub fn leader(&self) -> watch::Receiver<Option<String>> {
+        self.leader.clone()
     }
 
     /// Stops electing; a lease held is released at once, so a standby can
@@ -151,7 +219,7 @@ async fn run<B: LeaseBackend>(
     backend: Arc<B>,
     holder: String,
     t: Timing,
-    role: watch::Sender<Role>,
+    (role, leader): (watch::Sender<Role>, watch::Sender<Option<String>>),
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let mut lease: Option<Lease> = None;
@@ -161,6 +229,8 @@ async fn run<B: LeaseBackend>(
             biased;
             _ = &mut stopped => break,
             () = tokio::time::sleep_until(next) => {}
+            // A standby tries at once when a leader says it let go.
+            () = backend.released(), if lease.is_none() => {}
         }
         let now = Instant::now();
         match lease {
@@ -211,13 +281,44 @@ async fn run<B: LeaseBackend>(
                     .await
                 {
                     Ok(Ok(Some(taken))) => {
-                        tracing::info!(epoch = taken.epoch, holder, "took the leader lease");
+                        // Each take-over adds one to the epoch (ACQUIRE).
+                        tracing::info!(
+                            epoch = taken.epoch,
+                            previous_epoch = taken.epoch - 1,
+                            holder,
+                            "elected: this server leads"
+                        );
                         lease = Some(taken);
+                        leader.send_replace(None);
                         role.send_replace(Role::Leader(taken));
                     }
-                    Ok(Ok(None)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot reach the lease; retrying"),
-                    Err(_) => tracing::warn!("taking the lease timed out; retrying"),
+                    Ok(Ok(None)) => {
+                        let seen =
+                            match tokio::time::timeout(t.call_timeout(), backend.current()).await {
+                                Ok(Ok(Some(record))) if !record.remaining.is_zero() => {
+                                    Some(record.holder)
+                                }
+                                _ => None,
+                            };
+                        leader.send_if_modified(|known| {
+                            if *known == seen {
+                                return false;
+                            }
+                            if let Some(holder) = &seen {
+                                tracing::info!(leader = holder, "another server leads");
+                            }
+                            *known = seen;
+                            true
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        leader.send_replace(None);
+                        tracing::warn!(error = %e, "cannot reach the lease; retrying");
+                    }
+                    Err(_) => {
+                        leader.send_replace(None);
+                        tracing::warn!("taking the lease timed out; retrying");
+                    }
                 }
                 next = now + t.interval();
             }
@@ -234,8 +335,6 @@ async fn run<B: LeaseBackend>(
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
-
-    use parking_lot::Mutex;
 
     use super::*;
 
@@ -256,6 +355,8 @@ mod tests {
         history: Mutex<Vec<(u64, String, Instant)>>,
         /// Every successful renewal: (epoch, when).
         renewals: Mutex<Vec<(u64, Instant)>>,
+        /// Notified on release (as LISTEN/NOTIFY does).
+        released: tokio::sync::Notify,
     }
 
     impl Model {
@@ -310,8 +411,21 @@ mod tests {
             let mut row = self.row.lock();
             if row.epoch == lease.epoch {
                 row.expires = Some(Instant::now());
+                self.released.notify_one();
             }
             Ok(())
+        }
+        async fn current(&self) -> Result<Option<LeaseRecord>, StoreError> {
+            self.check()?;
+            let row = self.row.lock();
+            Ok(row.expires.map(|e| LeaseRecord {
+                holder: row.holder.clone(),
+                epoch: row.epoch,
+                remaining: e.saturating_duration_since(Instant::now()),
+            }))
+        }
+        async fn released(&self) {
+            self.released.notified().await;
         }
     }
 
@@ -341,6 +455,15 @@ mod tests {
             tokio::time::sleep(TIMING.ttl / 7).await;
             assert_eq!(leader_of(&[&a, &b]).await.len(), 1);
         }
+        // The standby knows who leads; the leader sees no other leader.
+        let (leads, follows) = if leader_of(&[&a, &b]).await == [0] {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        let leading = model.row.lock().holder.clone();
+        assert_eq!(*follows.leader().borrow(), Some(leading));
+        assert_eq!(*leads.leader().borrow(), None);
         assert_eq!(model.history.lock().len(), 1, "{:?}", model.history.lock());
     }
 
@@ -385,7 +508,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_resigning_leader_releases_the_lease_and_a_standby_takes_it_at_its_next_try() {
+    async fn a_resigning_leader_releases_the_lease_and_a_standby_takes_it_at_once() {
         let model = Arc::new(Model::default());
         let a = Elector::start(model.clone(), "a".into(), TIMING);
         a.role()
@@ -401,10 +524,10 @@ mod tests {
             .wait_for(|r| matches!(r, Role::Leader(_)))
             .await
             .unwrap();
-        // Not at the lease's expiry (up to ttl away) but at the standby's
-        // next try.
+        // Not at the lease's expiry (up to ttl away), nor at the standby's
+        // next try (ttl / 3): at the release's notification.
         assert!(
-            resigned.elapsed() <= TIMING.interval(),
+            resigned.elapsed() < Duration::from_secs(1),
             "{:?}",
             resigned.elapsed()
         );

@@ -16,11 +16,16 @@
 //! The client is async (it runs on the server's runtime, next to the
 //! election timers), unlike the blocking [`super::Store`]: renewals must
 //! never queue behind a commit.
+//!
+//! A release also notifies the channel `subagentd_lease`; every client
+//! listens on it, so standbys learn of a released lease within a round
+//! trip instead of at their next poll.
 
-use std::{path::Path, time::Duration};
+use std::{path::Path, sync::Arc, time::Duration};
 
-use tokio::time::Instant;
-use tokio_postgres::NoTls;
+use futures_util::StreamExt;
+use tokio::{sync::Notify, time::Instant};
+use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{
     postgres::{config_of, redacted, OrEngine, DDL_LOCK, DDL_LOCK_KEY},
@@ -56,6 +61,10 @@ const RENEW: &str = "UPDATE subagentd_lease \
 const RELEASE: &str = "UPDATE subagentd_lease SET expires_at = clock_timestamp() \
      WHERE id = 1 AND epoch = $1 AND expires_at > clock_timestamp()";
 
+/// Wakes the standbys (delivered when the release's transaction commits).
+const NOTIFY: &str = "SELECT pg_notify('subagentd_lease', $1::bigint::text)";
+const LISTEN: &str = "LISTEN subagentd_lease";
+
 const CURRENT: &str = "SELECT holder, epoch, \
      GREATEST(EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000, 0)::float8 \
      FROM subagentd_lease WHERE id = 1";
@@ -86,6 +95,8 @@ pub struct LeaseRecord {
 pub struct LeaseClient {
     client: tokio_postgres::Client,
     where_: String,
+    /// Signalled on every notification of a release.
+    released: Arc<Notify>,
 }
 
 impl std::fmt::Debug for LeaseClient {
@@ -103,15 +114,42 @@ impl LeaseClient {
     pub async fn connect(url: &str, password_file: Option<&Path>) -> Result<Self, StoreError> {
         let where_ = redacted(url);
         let config = config_of(url, password_file)?;
-        let (mut client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
-        tokio::spawn(connection);
+        let (mut client, mut connection) = config.connect(NoTls).await.or_engine(&where_)?;
+        let released = Arc::new(Notify::new());
+        let wake = released.clone();
+        // Driving the connection by its messages (not as a plain future)
+        // is what delivers notifications.
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(|cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(_) = message {
+                    wake.notify_one();
+                }
+            }
+        });
         let tx = client.transaction().await.or_engine(&where_)?;
         tx.execute(DDL_LOCK, &[&DDL_LOCK_KEY])
             .await
             .or_engine(&where_)?;
         tx.batch_execute(CREATE).await.or_engine(&where_)?;
         tx.commit().await.or_engine(&where_)?;
-        Ok(Self { client, where_ })
+        client.batch_execute(LISTEN).await.or_engine(&where_)?;
+        Ok(Self {
+            client,
+            where_,
+            released,
+        })
+    }
+
+    /// Resolves at the next notification that some server released the
+    /// lease.
+    pub async fn released(&self) {
+        self.released.notified().await;
+    }
+
+    /// True once the connection is gone; every call fails from then on.
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
     }
 
     /// Takes the lease for `holder` for `ttl` if it is free or expired;
@@ -152,13 +190,21 @@ impl LeaseClient {
         }))
     }
 
-    /// Gives `lease` up now; nothing when it was already lost.
+    /// Gives `lease` up now and wakes the standbys; nothing when it was
+    /// already lost.
     pub async fn release(&self, lease: Lease) -> Result<(), StoreError> {
         let epoch = signed(lease.epoch)?;
-        self.client
+        let released = self
+            .client
             .execute(RELEASE, &[&epoch])
             .await
             .or_engine(&self.where_)?;
+        if released > 0 {
+            self.client
+                .execute(NOTIFY, &[&epoch])
+                .await
+                .or_engine(&self.where_)?;
+        }
         Ok(())
     }
 
