@@ -189,15 +189,30 @@ impl Contents {
 
 /// Opens the store `[store]` configures; None for `backend = "memory"`
 /// (nothing is kept). Blocks: call it off the async runtime.
-pub fn open(config: &StoreConfig) -> Result<Option<Box<dyn Store>>, StoreError> {
-    Ok(match config.backend {
-        StoreBackend::Memory => None,
-        StoreBackend::Embedded => Some(Box::new(embedded::EmbeddedStore::open(&config.path)?)),
-        StoreBackend::Postgres => Some(Box::new(postgres::PostgresStore::open(
-            &config.url,
-            config.password_file.as_deref(),
-            config.pool_size,
+///
+/// `leader_epoch`: with PostgreSQL, the epoch of the lease this server leads
+/// by; its commits are fenced by it and no advisory lock is taken. `None`
+/// opens PostgreSQL exclusively (the advisory lock).
+pub fn open(
+    config: &StoreConfig,
+    leader_epoch: Option<u64>,
+) -> Result<Option<Box<dyn Store>>, StoreError> {
+    let (url, password_file, pool) = (
+        &config.url,
+        config.password_file.as_deref(),
+        config.pool_size,
+    );
+    Ok(match (config.backend, leader_epoch) {
+        (StoreBackend::Memory, _) => None,
+        (StoreBackend::Embedded, _) => Some(Box::new(embedded::EmbeddedStore::open(&config.path)?)),
+        (StoreBackend::Postgres, None) => Some(Box::new(postgres::PostgresStore::open(
+            url,
+            password_file,
+            pool,
         )?)),
+        (StoreBackend::Postgres, Some(epoch)) => Some(Box::new(
+            postgres::PostgresStore::open_leader(url, password_file, pool, epoch)?,
+        )),
     })
 }
 

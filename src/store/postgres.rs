@@ -139,8 +139,9 @@ pub struct PostgresStore {
     /// Present until dropped (see `Drop`).
     runtime: Option<Runtime>,
     pool: Pool,
-    /// The connection holding the advisory lock, outside the pool.
-    lock: tokio_postgres::Client,
+    /// The connection holding the advisory lock, outside the pool (`None`
+    /// for a leader's store: the lease excludes other servers instead).
+    lock: Option<tokio_postgres::Client>,
     /// The URL, its password redacted.
     where_: String,
     /// `evicted_through` as of this store's last commit; `None` before its
@@ -179,27 +180,53 @@ impl PostgresStore {
         password_file: Option<&Path>,
         pool_size: u32,
     ) -> Result<Self, StoreError> {
+        Self::open_with(url, password_file, pool_size, true)
+    }
+
+    /// Opens the store for the leader of lease `epoch`: as [`Self::open`]
+    /// but without the advisory lock (a deposed leader, frozen with its
+    /// connection open, would hold it forever) and [`Self::fenced`]: the
+    /// lease is what keeps other servers out.
+    pub fn open_leader(
+        url: &str,
+        password_file: Option<&Path>,
+        pool_size: u32,
+        epoch: u64,
+    ) -> Result<Self, StoreError> {
+        Ok(Self::open_with(url, password_file, pool_size, false)?.fenced(epoch))
+    }
+
+    fn open_with(
+        url: &str,
+        password_file: Option<&Path>,
+        pool_size: u32,
+        exclusive: bool,
+    ) -> Result<Self, StoreError> {
         let where_ = redacted(url);
         let config = config_of(url, password_file)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| StoreError::Engine(format!("cannot start the postgres client: {e}")))?;
-        let lock = runtime.block_on(async {
-            let (client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
-            tokio::spawn(connection);
-            let row = client
-                .query_one(TRY_LOCK, &[&LOCK_KEY])
-                .await
-                .or_engine(&where_)?;
-            match row.try_get::<_, bool>(0) {
-                Ok(true) => Ok(client),
-                Ok(false) => Err(StoreError::InUse {
-                    where_: where_.clone(),
-                }),
-                Err(e) => Err(engine(&where_, e)),
-            }
-        })?;
+        let lock = if !exclusive {
+            None
+        } else {
+            Some(runtime.block_on(async {
+                let (client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
+                tokio::spawn(connection);
+                let row = client
+                    .query_one(TRY_LOCK, &[&LOCK_KEY])
+                    .await
+                    .or_engine(&where_)?;
+                match row.try_get::<_, bool>(0) {
+                    Ok(true) => Ok(client),
+                    Ok(false) => Err(StoreError::InUse {
+                        where_: where_.clone(),
+                    }),
+                    Err(e) => Err(engine(&where_, e)),
+                }
+            })?)
+        };
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -291,13 +318,19 @@ impl Drop for PostgresStore {
         // Unlock explicitly rather than by closing the connection, so that
         // a successor opening the database right after (a restart, a test)
         // finds the lock free instead of racing the server's cleanup.
-        let _ = runtime.block_on(self.lock.execute(UNLOCK, &[&LOCK_KEY]));
+        if let Some(lock) = &self.lock {
+            let _ = runtime.block_on(lock.execute(UNLOCK, &[&LOCK_KEY]));
+        }
     }
 }
 
 impl Store for PostgresStore {
     fn commit(&mut self, batch: &Batch) -> Result<(), StoreError> {
-        if self.lock.is_closed() {
+        if self
+            .lock
+            .as_ref()
+            .is_some_and(tokio_postgres::Client::is_closed)
+        {
             return Err(StoreError::Engine(format!(
                 "postgres store {}: lost the connection that holds the database's lock, \
                  so another server may be using it: not committing",
@@ -691,7 +724,13 @@ mod tests {
         };
         commit(&mut store, &a).unwrap();
         let lock_pid: i32 = store
-            .block_on(store.lock.query_one("SELECT pg_backend_pid()", &[]))
+            .block_on(
+                store
+                    .lock
+                    .as_ref()
+                    .unwrap()
+                    .query_one("SELECT pg_backend_pid()", &[]),
+            )
             .unwrap()
             .get(0);
         // Every connection of the pool, as an idle timeout or a restarted
