@@ -1,10 +1,11 @@
 //! Wiring: the gRPC server (AgentService, health, reflection), the retention
 //! sweeper, config reload and shutdown.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use tokio::{net::TcpListener, task::JoinHandle};
+use parking_lot::Mutex;
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 use tracing::{error, info, warn};
@@ -13,16 +14,16 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::{
     api::deadline::DeadlineLayer,
+    api::forward::{ForwardLayer, ForwardSettings, Route},
     api::gate::RecoveryGate,
     api::{
         ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
         workers::WorkerServiceImpl,
     },
     cli::ServeArgs,
-    config::{Config, ConfigSource},
-    pb::{
-        self, agent_service_server::AgentServiceServer, worker_service_server::WorkerServiceServer,
-    },
+    config::{Config, ConfigSource, StoreBackend},
+    ha::{self, Elector, PgLease, Role, Timing},
+    pb::{self, worker_service_server::WorkerServiceServer},
     scheduler::Scheduler,
     store::{
         self,
@@ -50,10 +51,22 @@ pub struct ServerHandle {
     shutdown_grace: Duration,
     tasks: Vec<JoinHandle<()>>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
-    /// The store's writer (None with `backend = "memory"`).
-    writer: Option<Writer>,
+    /// The store's writer (None with `backend = "memory"`, and on a
+    /// standby until it leads).
+    writer: Arc<Mutex<Option<Writer>>>,
     /// Cancelled when a commit failed: the server must stop.
     store_failed: CancellationToken,
+    /// With PostgreSQL: the election, and the task that follows it (forward
+    /// while a standby; recover and serve once elected; step down).
+    ha: Option<HaHandle>,
+}
+
+#[derive(Debug)]
+struct HaHandle {
+    elector: Elector,
+    task: JoinHandle<()>,
+    /// Cancelled when this server stopped leading: it must exit.
+    deposed: CancellationToken,
 }
 
 impl ServerHandle {
@@ -78,9 +91,21 @@ impl ServerHandle {
         self.store_failed.cancelled().await;
     }
 
+    /// Resolves when this server, having led, lost the leader lease (it
+    /// could not renew it, or was frozen past it): its runs are stopped
+    /// already; it must then stop ([`ServerHandle::abort`]) and exit
+    /// non-zero, and come back as a standby. Never resolves without a
+    /// PostgreSQL store.
+    pub async fn deposed(&self) {
+        match &self.ha {
+            Some(ha) => ha.deposed.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Commit counts of the store's writer, if there is a store.
     pub fn commit_stats(&self) -> Option<std::sync::Arc<CommitStats>> {
-        self.writer.as_ref().map(Writer::stats)
+        self.writer.lock().as_ref().map(Writer::stats)
     }
 
     /// Stops at once after a store failure: NOT_SERVING, streams end, no
@@ -91,20 +116,15 @@ impl ServerHandle {
         for task in &self.tasks {
             task.abort();
         }
+        if let Some(ha) = &self.ha {
+            ha.task.abort();
+        }
         self.scheduler.detach_runs();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
     }
 
     async fn set_not_serving(&self) {
-        self.health
-            .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
-            .await;
-        self.health
-            .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
-            .await;
-        self.health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        set_serving(&self.health, false).await;
     }
 
     /// Re-reads the config from its source and applies limits, run settings
@@ -135,8 +155,17 @@ impl ServerHandle {
     /// what is pending and stops, then in-process runs are stopped without
     /// a record, so the next start finds them interrupted; queued agents
     /// stay queued and worker runs stay held for re-attach.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+    ///
+    /// A leader on PostgreSQL then releases its lease at once, so that a
+    /// standby takes over without waiting for it to expire.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
         self.set_not_serving().await;
+        let leading = self.writer.lock().is_some();
+        if let (Some(ha), false) = (&self.ha, leading) {
+            // A standby (or a server still recovering) has nothing to hand
+            // over; it stops following the election.
+            ha.task.abort();
+        }
         // Queued agents stay queued (a run started now would be cut short);
         // every other RPC keeps working, so callers can await the drain.
         self.scheduler.stop_admitting();
@@ -149,12 +178,15 @@ impl ServerHandle {
             );
             self.scheduler.wait_for_runs(self.shutdown_grace).await;
         }
-        if let Some(writer) = self.writer.take() {
+        let writer = self.writer.lock().take();
+        if let Some(writer) = writer {
             tokio::task::spawn_blocking(move || writer.stop())
                 .await
                 .context("stopping the store writer")?;
             let stopped = self.scheduler.detach_runs();
             info!(stopped, "shutting down; live agents stay in the store");
+        } else if self.ha.is_some() {
+            info!("shutting down a standby");
         } else {
             let cancelled = self.scheduler.shut_down("server shutting down");
             info!(cancelled, "shutting down");
@@ -166,6 +198,12 @@ impl ServerHandle {
         // Programs of command runs got SIGTERM; those that ignore it get
         // SIGKILL when their kill grace ends, before this process exits.
         self.scheduler.shutdown_runners().await;
+        if let Some(ha) = self.ha {
+            ha.task.abort();
+            // Everything is recorded and nothing of ours runs any more: a
+            // standby may lead now, not at the lease's expiry.
+            ha.elector.resign().await;
+        }
         match tokio::time::timeout(CONNECTION_DRAIN, self.server).await {
             Ok(joined) => joined.context("server task")?.context("server")?,
             Err(_) => warn!("connections did not close in time; exiting anyway"),
@@ -200,16 +238,33 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
 
     let (health, health_service) = tonic_health::server::health_reporter();
     // NOT_SERVING (and RECOVERING answers) until the store is read.
-    health
-        .set_not_serving::<AgentServiceServer<AgentServiceImpl>>()
-        .await;
-    health
-        .set_not_serving::<WorkerServiceServer<WorkerServiceImpl>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
+    set_serving(&health, false).await;
     let gate = RecoveryGate::closed();
+    // With PostgreSQL, servers elect a leader; the others forward to it.
+    let advertised = config
+        .ha
+        .advertised(addr, std::env::var("POD_IP").ok().as_deref());
+    let (route, routes) = watch::channel(Route::Local);
+    let election = (config.store.backend == StoreBackend::Postgres).then(|| {
+        route.send_replace(Route::NoLeader {
+            why: "electing a leader".into(),
+        });
+        let lease = PgLease::new(&config.store.url, config.store.password_file.as_deref());
+        let timing = Timing {
+            ttl: config.ha.lease_ttl,
+        };
+        let elector = Elector::start(Arc::new(lease), ha::holder_name(&advertised), timing);
+        (route, elector)
+    });
+    let forward = ForwardLayer::new(
+        routes,
+        &advertised,
+        ForwardSettings {
+            connect_timeout: config.ha.lease_ttl / 5,
+            keepalive_interval: config.server.keepalive_interval,
+            keepalive_timeout: config.server.keepalive_timeout,
+        },
+    );
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -259,6 +314,9 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 // Inside the RPC layer, so what it counts and traces is the
                 // DEADLINE_EXCEEDED this one answers.
                 .layer(DeadlineLayer)
+                // A standby relays AgentService and WorkerService calls to
+                // the leader; counted and deadline-checked here as well.
+                .layer(forward)
                 // Health.Watch streams end at shutdown (after the
                 // NOT_SERVING update) instead of holding the exit back.
                 .add_service(EndOnShutdown::new(
@@ -285,25 +343,53 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         )
     };
     let store_failed = CancellationToken::new();
-    let writer = recover(&config, &scheduler, store_failed.clone()).await?;
-    if let Some(writer) = &writer {
-        metrics.set_commit_stats(writer.stats());
-    }
-    gate.open();
-    health
-        .set_serving::<AgentServiceServer<AgentServiceImpl>>()
-        .await;
-    health
-        .set_serving::<WorkerServiceServer<WorkerServiceImpl>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    info!(
-        %addr,
-        metrics = metrics_addr.map(tracing::field::display),
-        "subagentd listening"
-    );
+    let writer = Arc::new(Mutex::new(None));
+    let ha = if let Some((route, elector)) = election {
+        let deposed = CancellationToken::new();
+        let task = tokio::spawn(
+            Follower {
+                config: config.clone(),
+                scheduler: scheduler.clone(),
+                metrics: metrics.clone(),
+                health: health.clone(),
+                gate: gate.clone(),
+                writer: writer.clone(),
+                store_failed: store_failed.clone(),
+                deposed: deposed.clone(),
+                route,
+                timing: Timing {
+                    ttl: config.ha.lease_ttl,
+                },
+            }
+            .run(elector.role(), elector.leader()),
+        );
+        info!(
+            %addr,
+            advertise = advertised,
+            metrics = metrics_addr.map(tracing::field::display),
+            "subagentd listening as a standby; electing a leader"
+        );
+        Some(HaHandle {
+            elector,
+            task,
+            deposed,
+        })
+    } else {
+        let recovered = recover(&config, &scheduler, store_failed.clone(), None).await?;
+        if let Some(recovered) = &recovered {
+            metrics.set_commit_stats(recovered.stats());
+        }
+        *writer.lock() = recovered;
+        metrics.set_leader(true);
+        gate.open();
+        set_serving(&health, true).await;
+        info!(
+            %addr,
+            metrics = metrics_addr.map(tracing::field::display),
+            "subagentd listening"
+        );
+        None
+    };
     tasks.push(sweeper);
     Ok(ServerHandle {
         addr,
@@ -317,20 +403,194 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         server,
         writer,
         store_failed,
+        ha,
     })
+}
+
+async fn set_serving(health: &tonic_health::server::HealthReporter, serving: bool) {
+    let status = if serving {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    health.set_service_status(SERVICE_NAME, status).await;
+    health
+        .set_service_status(
+            <WorkerServiceServer<WorkerServiceImpl> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    health.set_service_status("", status).await;
+}
+
+/// What a server on PostgreSQL does as the election goes: forward while a
+/// standby, recover and serve once elected, stop its runs and exit when it
+/// stops leading.
+struct Follower {
+    config: Config,
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    health: tonic_health::server::HealthReporter,
+    gate: RecoveryGate,
+    writer: Arc<Mutex<Option<Writer>>>,
+    store_failed: CancellationToken,
+    deposed: CancellationToken,
+    route: watch::Sender<Route>,
+    timing: Timing,
+}
+
+impl Follower {
+    async fn run(self, mut role: watch::Receiver<Role>, leader: watch::Receiver<Option<String>>) {
+        self.metrics.set_leader(false);
+        let lease = tokio::select! {
+            lease = role.wait_for(|r| matches!(r, Role::Leader(_))) => match lease.as_deref() {
+                Ok(Role::Leader(lease)) => *lease,
+                _ => return,
+            },
+            () = self.forward(leader) => return,
+        };
+        self.set_route(Route::Local);
+        self.metrics.set_leader(true);
+        info!(epoch = lease.epoch, "leading: recovering the store");
+        let recovered = tokio::select! {
+            recovered = recover(&self.config, &self.scheduler, self.store_failed.clone(), Some(lease.epoch)) => Some(recovered),
+            _ = role.wait_for(|r| *r == Role::Standby) => None,
+        };
+        let Some(recovered) = recovered else {
+            self.step_down(lease.epoch).await;
+            return;
+        };
+        match recovered {
+            Ok(recovered) => {
+                if let Some(writer) = &recovered {
+                    self.metrics.set_commit_stats(writer.stats());
+                }
+                *self.writer.lock() = recovered;
+            }
+            Err(e) => {
+                error!(
+                    error = format!("{e:#}"),
+                    "recovery as the new leader failed; stopping"
+                );
+                self.store_failed.cancel();
+                return;
+            }
+        }
+        self.gate.open();
+        set_serving(&self.health, true).await;
+        info!(epoch = lease.epoch, "leading: serving");
+        let lost = role.wait_for(|r| *r == Role::Standby).await.is_ok();
+        if lost {
+            self.step_down(lease.epoch).await;
+        }
+    }
+
+    /// Stops acting as leader at once: no admission, no in-process run
+    /// (so none runs twice once another server leads), no more answers.
+    async fn step_down(&self, epoch: u64) {
+        self.scheduler.stop_admitting();
+        let stopped = self.scheduler.detach_runs();
+        self.metrics.set_leader(false);
+        self.set_route(Route::NoLeader {
+            why: "this server stopped leading".into(),
+        });
+        error!(
+            epoch,
+            stopped, "lost the leader lease: stopped every in-process run; stopping"
+        );
+        self.deposed.cancel();
+        set_serving(&self.health, false).await;
+    }
+
+    fn set_route(&self, route: Route) {
+        let old = self.route.send_replace(route);
+        if let Route::Forward { gone, .. } = old {
+            gone.cancel();
+        }
+    }
+
+    /// As a standby: routes calls to the leader the election names, and
+    /// is SERVING while that leader answers its health check. Runs until
+    /// dropped.
+    async fn forward(&self, mut leader: watch::Receiver<Option<String>>) {
+        let mut serving = false;
+        let mut check =
+            tokio::time::interval(self.timing.interval().max(Duration::from_millis(200)));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let holder = leader.borrow_and_update().clone();
+            let address = holder.as_deref().map(|h| ha::address_of(h).to_owned());
+            let current = match &*self.route.borrow() {
+                Route::Forward { address, .. } => Some(address.clone()),
+                _ => None,
+            };
+            if address != current {
+                match &address {
+                    Some(address) => {
+                        info!(leader = address, "forwarding to the leader");
+                        self.set_route(Route::Forward {
+                            address: address.clone(),
+                            gone: CancellationToken::new(),
+                        });
+                    }
+                    None => self.set_route(Route::NoLeader {
+                        why: "no leader elected yet".into(),
+                    }),
+                }
+            }
+            let healthy = match &address {
+                Some(address) => leader_serving(address, self.timing.call_timeout()).await,
+                None => false,
+            };
+            if healthy != serving {
+                serving = healthy;
+                set_serving(&self.health, serving).await;
+            }
+            tokio::select! {
+                changed = leader.changed() => if changed.is_err() { return },
+                _ = check.tick() => {}
+            }
+        }
+    }
+}
+
+/// Whether the leader at `address` answers its health check SERVING.
+async fn leader_serving(address: &str, timeout: Duration) -> bool {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{address}")) else {
+        return false;
+    };
+    let check = async {
+        let channel = endpoint.connect_timeout(timeout).connect().await.ok()?;
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: SERVICE_NAME.into(),
+            })
+            .await
+            .ok()?;
+        Some(
+            answer.into_inner().status
+                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+        )
+    };
+    matches!(tokio::time::timeout(timeout, check).await, Ok(Some(true)))
 }
 
 /// Opens the configured store, rebuilds the scheduler from it, starts the
 /// writer and decides the interrupted runs. None with `backend = "memory"`.
+///
+/// `leader_epoch`: the lease a PostgreSQL server leads by (its commits are
+/// fenced by it).
 async fn recover(
     config: &Config,
     scheduler: &Scheduler,
     store_failed: CancellationToken,
+    leader_epoch: Option<u64>,
 ) -> anyhow::Result<Option<Writer>> {
     let store_config = config.store.clone();
     let started = std::time::Instant::now();
     let opened = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-        let Some(mut store) = store::open(&store_config)? else {
+        let Some(mut store) = store::open(&store_config, leader_epoch)? else {
             return Ok(None);
         };
         let contents = store.load()?;
@@ -401,6 +661,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         () = handle.store_failed() => {
             handle.abort().await;
             anyhow::bail!("the store failed a commit (see the log); exiting so that a restart recovers what was written");
+        }
+        () = handle.deposed() => {
+            handle.abort().await;
+            anyhow::bail!("this server lost the leader lease (see the log); exiting so that it restarts as a standby");
         }
     }
     let stopped = tokio::select! {

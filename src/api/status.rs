@@ -33,6 +33,8 @@ pub const REASON_SHUTTING_DOWN: &str = "SHUTTING_DOWN";
 pub const REASON_STORE_FAILED: &str = "STORE_FAILED";
 /// The server is recovering its state at start.
 pub const REASON_RECOVERING: &str = "RECOVERING";
+/// A standby knows no reachable leader to forward to.
+pub const REASON_NO_LEADER: &str = "NO_LEADER";
 /// Steer to an agent whose type takes no steer messages.
 pub const REASON_STEER_NOT_ACCEPTED: &str = "STEER_NOT_ACCEPTED";
 /// Approve for an agent with no pending approval.
@@ -64,6 +66,7 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::ShuttingDown => REASON_SHUTTING_DOWN,
         Error::StoreFailed => REASON_STORE_FAILED,
         Error::Recovering | Error::AwaitingReattach { .. } => REASON_RECOVERING,
+        Error::NoLeader { .. } => REASON_NO_LEADER,
         Error::SteerNotAccepted { .. } => REASON_STEER_NOT_ACCEPTED,
         Error::NotAwaitingApproval { .. } => REASON_NOT_AWAITING_APPROVAL,
         Error::ApprovalMismatch { .. } => REASON_APPROVAL_MISMATCH,
@@ -194,6 +197,10 @@ impl From<Error> for Status {
                 info(&mut d, REASON_RECOVERING, &[]);
                 Code::Unavailable
             }
+            Error::NoLeader { .. } => {
+                info(&mut d, REASON_NO_LEADER, &[]);
+                Code::Unavailable
+            }
             Error::AwaitingReattach { id } => {
                 info(&mut d, REASON_RECOVERING, &[("agent_id", id.to_string())]);
                 Code::Unavailable
@@ -278,6 +285,12 @@ mod tests {
         for (err, reason) in [
             (Error::StoreFailed, REASON_STORE_FAILED),
             (Error::Recovering, REASON_RECOVERING),
+            (
+                Error::NoLeader {
+                    why: "election in progress".into(),
+                },
+                REASON_NO_LEADER,
+            ),
             (
                 Error::AwaitingReattach {
                     id: uuid::Uuid::nil(),

@@ -89,6 +89,13 @@ pub enum Error {
     /// The server is reading its store at start.
     #[error("the server is recovering its state from the store after a restart; retry shortly")]
     Recovering,
+    /// A standby that knows no reachable leader (an election in progress,
+    /// or the database out of reach).
+    #[error("no leader to serve this call ({why}); retry shortly")]
+    NoLeader {
+        /// What the standby knows.
+        why: String,
+    },
     /// Approve for a worker run whose worker has not re-attached since a
     /// restart: nothing could receive the decision yet.
     #[error(

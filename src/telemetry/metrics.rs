@@ -106,6 +106,8 @@ pub struct Metrics {
     /// after recovery, which is after the endpoint is up); unset with
     /// `backend = "memory"`, and then both counters read 0.
     commit_stats: Arc<OnceLock<Arc<CommitStats>>>,
+    /// 1 while this server leads (always, without a PostgreSQL store).
+    leader: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Metrics {
@@ -139,11 +141,23 @@ impl Metrics {
         registry.register_collector(Box::new(StoreCollector {
             stats: commit_stats.clone(),
         }));
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this server is the leader (schedules and runs agents), 0 on a standby",
+            leader.clone(),
+        );
         Self {
             registry,
             api,
             commit_stats,
+            leader,
         }
+    }
+
+    /// Sets `subagentd_leader`.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// Exports the store writer's commit counters from now on. Only the

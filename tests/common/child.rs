@@ -20,6 +20,8 @@ pub struct ChildServer {
     child: Child,
     /// The gRPC address it listens on.
     pub addr: String,
+    /// Its metrics endpoint's address.
+    pub metrics: String,
     lines: mpsc::UnboundedReceiver<String>,
     _config: tempfile::NamedTempFile,
 }
@@ -28,6 +30,13 @@ impl ChildServer {
     /// Starts it with `config_toml` and the extra environment `env`, and
     /// waits until it listens.
     pub async fn start(config_toml: &str, env: &[(&str, &str)]) -> Self {
+        let server = Self::start_unready(config_toml, env).await;
+        server.wait_serving().await;
+        server
+    }
+
+    /// Starts it and waits until it listens, not until it serves.
+    pub async fn start_unready(config_toml: &str, env: &[(&str, &str)]) -> Self {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(config.path(), config_toml).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
@@ -52,14 +61,45 @@ impl ChildServer {
         let mut server = Self {
             child,
             addr: String::new(),
+            metrics: String::new(),
             lines,
             _config: config,
         };
         let listening = server
-            .log_line(|v| v["message"] == "subagentd listening")
+            .log_line(|v| {
+                v["message"] == "subagentd listening"
+                    || v["message"] == "subagentd listening as a standby; electing a leader"
+            })
             .await;
         server.addr = listening["addr"].as_str().unwrap().to_owned();
+        server.metrics = listening["metrics"].as_str().unwrap_or_default().to_owned();
         server
+    }
+
+    /// Waits (on a health Watch) until its AgentService is SERVING: it
+    /// leads and recovered, or it is a standby that reaches the leader.
+    pub async fn wait_serving(&self) {
+        use tonic_health::pb::{
+            health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+        };
+        let mut health = HealthClient::new(self.channel().await);
+        let mut updates = health
+            .watch(HealthCheckRequest {
+                service: "subagents.v1.AgentService".into(),
+            })
+            .await
+            .expect("Health.Watch")
+            .into_inner();
+        tokio::time::timeout(CHILD_WAIT, async {
+            while let Some(update) = updates.message().await.expect("health update") {
+                if update.status == ServingStatus::Serving as i32 {
+                    return;
+                }
+            }
+            panic!("health watch ended before SERVING");
+        })
+        .await
+        .expect("server becomes SERVING");
     }
 
     /// A new connection to it.
