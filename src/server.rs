@@ -256,15 +256,18 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         let elector = Elector::start(Arc::new(lease), ha::holder_name(&advertised), timing);
         (route, elector)
     });
-    let forward = ForwardLayer::new(
-        routes,
-        &advertised,
-        ForwardSettings {
-            connect_timeout: config.ha.lease_ttl / 5,
-            keepalive_interval: config.server.keepalive_interval,
-            keepalive_timeout: config.server.keepalive_timeout,
-        },
-    );
+    // Only servers that can be standbys pay for the routing decision.
+    let forward = election.is_some().then(|| {
+        ForwardLayer::new(
+            routes,
+            &advertised,
+            ForwardSettings {
+                connect_timeout: config.ha.lease_ttl / 5,
+                keepalive_interval: config.server.keepalive_interval,
+                keepalive_timeout: config.server.keepalive_timeout,
+            },
+        )
+    });
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -316,7 +319,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 .layer(DeadlineLayer)
                 // A standby relays AgentService and WorkerService calls to
                 // the leader; counted and deadline-checked here as well.
-                .layer(forward)
+                .layer(tower::util::option_layer(forward))
                 // Health.Watch streams end at shutdown (after the
                 // NOT_SERVING update) instead of holding the exit back.
                 .add_service(EndOnShutdown::new(
