@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::child::ChildServer;
+use common::{child::ChildServer, worker::RawWorker};
 use nix::sys::signal::Signal;
 use subagentd::pb::{self, agent_service_client::AgentServiceClient};
 use tokio_stream::StreamExt;
@@ -259,77 +259,6 @@ async fn a_second_server_on_the_same_store_refuses_to_start_embedded() {
     assert_eq!(first.stop().await.code(), Some(0));
 }
 
-/// A raw worker session over the generated client.
-struct RawWorker {
-    tx: tokio::sync::mpsc::UnboundedSender<pb::ConnectRequest>,
-    rx: tonic::Streaming<pb::ConnectResponse>,
-}
-
-impl RawWorker {
-    async fn connect(server: &ChildServer, held: Vec<pb::HeldRun>) -> Self {
-        use pb::connect_request::Message;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(pb::ConnectRequest {
-            message: Some(Message::Hello(pb::WorkerHello {
-                name: "durable-worker".into(),
-                agents: vec!["coder".into()],
-                capacity: 2,
-                held_runs: held,
-                ..Default::default()
-            })),
-        })
-        .unwrap();
-        let mut rx = pb::worker_service_client::WorkerServiceClient::new(server.channel().await)
-            .connect(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await
-            .expect("session opens")
-            .into_inner();
-        let welcome = Self::next_on(&mut rx).await;
-        assert!(
-            matches!(welcome, pb::connect_response::Message::Welcome(_)),
-            "{welcome:?}"
-        );
-        Self { tx, rx }
-    }
-
-    async fn next_on(
-        rx: &mut tonic::Streaming<pb::ConnectResponse>,
-    ) -> pb::connect_response::Message {
-        tokio::time::timeout(Duration::from_secs(10), rx.message())
-            .await
-            .expect("a message within 10 s")
-            .expect("stream ok")
-            .expect("stream open")
-            .message
-            .expect("message set")
-    }
-
-    async fn next(&mut self) -> pb::connect_response::Message {
-        Self::next_on(&mut self.rx).await
-    }
-
-    fn done(&self, agent_id: &str, result: &str) {
-        let done = pb::run_event::Event::Done(pb::RunDone {
-            result: result.into(),
-        });
-        self.send(agent_id, 0, done);
-    }
-
-    /// Sends event number `seq` (0: not numbered) of `agent_id`'s run.
-    fn send(&self, agent_id: &str, seq: u64, event: pb::run_event::Event) {
-        self.tx
-            .send(pb::ConnectRequest {
-                message: Some(pb::connect_request::Message::Event(pb::RunEvent {
-                    agent_id: agent_id.into(),
-                    event: Some(event),
-                    seq,
-                    attempt: 1,
-                })),
-            })
-            .unwrap();
-    }
-}
-
 /// A config over `store` with the worker type `coder`, no bucket limit,
 /// and `extra` TOML after it.
 fn coder_config(store: &Store, extra: &str) -> String {
@@ -348,20 +277,6 @@ async fn spawn_coder(client: &mut AgentServiceClient<Channel>, prompt: &str) -> 
         ..common::bg("acme/m", prompt)
     };
     common::spawn(client, request).await
-}
-
-impl RawWorker {
-    /// The next `n` messages, each of which must be an assignment.
-    async fn assignments(&mut self, n: usize) -> Vec<pb::RunAssignment> {
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let pb::connect_response::Message::Assign(a) = self.next().await else {
-                panic!("expected an assignment");
-            };
-            out.push(a);
-        }
-        out
-    }
 }
 
 /// Issue 13 §4: a worker run survives a server crash. The worker that

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{child::ChildServer, postgres::Database};
+use common::{child::ChildServer, postgres::Database, worker::RawWorker};
 use nix::sys::signal::Signal;
 use subagentd::pb::{self, agent_service_client::AgentServiceClient};
 use tonic::Code;
@@ -222,5 +222,63 @@ async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits()
     let mut client = second.client().await;
     let after = common::status_of(&mut client, &running.id).await;
     assert_eq!(after.id, running.id);
+    assert_eq!(second.stop().await.code(), Some(0));
+}
+
+/// A worker connected through a standby gets its assignments from the
+/// leader; when the leader is killed, the standby leads, and the worker,
+/// reconnecting, re-attaches its run and finishes it.
+#[tokio::test]
+async fn a_worker_behind_a_standby_keeps_its_run_across_a_failover() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let toml = format!(
+        "{}\n[agents.coder]\nrunner = \"worker\"\n",
+        config(&db, "1s")
+    );
+    let mut first = ChildServer::start(&toml, &[]).await;
+    serving_as_leader(&mut first).await;
+    let mut second = ChildServer::start(&toml, &[]).await;
+    let mut worker = RawWorker::connect(&second, vec![]).await;
+    let mut client = second.client().await;
+    let run = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..keyed("survive the failover", "w")
+        },
+    )
+    .await;
+    let assigned = worker.assignments(1).await.remove(0).agent.unwrap();
+    assert_eq!(
+        (assigned.id.as_str(), assigned.attempt),
+        (run.id.as_str(), 1)
+    );
+
+    first.signal(Signal::SIGKILL);
+    // The relayed session ends UNAVAILABLE (not a reset, not a hang).
+    let ended = tokio::time::timeout(Duration::from_secs(10), worker.rx.message())
+        .await
+        .expect("the relayed session ends");
+    let status = ended.expect_err("the session ends with an error");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    drop(worker);
+    serving_as_leader(&mut second).await;
+
+    let worker = RawWorker::connect(
+        &second,
+        vec![pb::HeldRun {
+            agent_id: run.id.clone(),
+            attempt: 1,
+        }],
+    )
+    .await;
+    worker.done(&run.id, "finished after the failover");
+    let mut client = second.client().await;
+    let done = common::await_all(&mut client, &[&run.id]).await;
+    assert_eq!(common::status(&done[0]), pb::AgentStatus::Done);
+    assert_eq!(done[0].result, "finished after the failover");
+    assert_eq!(done[0].attempt, 1, "re-attached, not retried");
     assert_eq!(second.stop().await.code(), Some(0));
 }

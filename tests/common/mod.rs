@@ -4,6 +4,7 @@
 pub mod child;
 pub mod cli;
 pub mod postgres;
+pub mod worker;
 
 use std::time::Duration;
 
