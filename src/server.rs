@@ -442,6 +442,16 @@ struct Follower {
     timing: Timing,
 }
 
+impl Drop for Follower {
+    /// A standby that stops (SIGTERM) ends the calls it relays at once
+    /// rather than hold its exit until they end.
+    fn drop(&mut self) {
+        if let Route::Forward { gone, .. } = &*self.route.borrow() {
+            gone.cancel();
+        }
+    }
+}
+
 impl Follower {
     async fn run(self, mut role: watch::Receiver<Role>, leader: watch::Receiver<Option<String>>) {
         self.metrics.set_leader(false);

@@ -99,7 +99,18 @@ async fn one_server_leads_and_a_standby_forwards_every_call_unchanged() {
     assert_eq!(invalid.code(), Code::InvalidArgument);
     assert!(!common::violated_fields(&invalid).is_empty(), "{invalid:?}");
 
+    // A standby that stops ends the streams it relays (UNAVAILABLE, so
+    // the client retries elsewhere) instead of holding its exit on them.
     assert_eq!(standby.stop().await.code(), Some(0));
+    let ended = loop {
+        match events.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the relayed watch ended OK"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("route to the leader"), "{ended:?}");
     assert_eq!(leader.stop().await.code(), Some(0));
 }
 

@@ -194,7 +194,7 @@ where
                     let sent = tokio::select! {
                         sent = channel.oneshot(req) => sent,
                         () = gone.clone().cancelled_owned() => {
-                            return Ok(refuse(format!("the leader at {address} stepped down")));
+                            return Ok(refuse(format!("the route to the leader at {address} ended (a new leader, or this server is stopping)")));
                         }
                     };
                     Ok(match sent {
@@ -255,7 +255,10 @@ impl http_body::Body for Relay {
         if let Some(gone) = self.gone.as_mut() {
             if gone.as_mut().poll(cx).is_ready() {
                 self.gone = None;
-                let why = format!("the leader at {} stepped down mid-call", self.address);
+                let why = format!(
+                    "the route to the leader at {} ended mid-call (a new leader, or this server is stopping); retry",
+                    self.address
+                );
                 return self.unavailable(why);
             }
         }
