@@ -293,3 +293,68 @@ async fn a_worker_behind_a_standby_keeps_its_run_across_a_failover() {
     assert_eq!(done[0].attempt, 1, "re-attached, not retried");
     assert_eq!(second.stop().await.code(), Some(0));
 }
+
+/// What each live server's `subagentd_leader` says; a server that does not
+/// answer (killed) counts as not leading.
+async fn leaders(servers: &[&ChildServer]) -> Vec<bool> {
+    let mut out = Vec::with_capacity(servers.len());
+    for server in servers {
+        let scraped = async {
+            let body = reqwest::get(format!("http://{}/metrics", server.metrics))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            body.lines()
+                .find_map(|l| l.strip_prefix("subagentd_leader "))
+                .map(|v| v == "1")
+        };
+        out.push(scraped.await.unwrap_or(false));
+    }
+    out
+}
+
+#[tokio::test]
+async fn of_three_servers_exactly_one_leads_before_and_after_a_kill() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let toml = config(&db, "1s");
+    let mut first = ChildServer::start(&toml, &[]).await;
+    serving_as_leader(&mut first).await;
+    let mut others = vec![
+        ChildServer::start(&toml, &[]).await,
+        ChildServer::start(&toml, &[]).await,
+    ];
+    assert_eq!(
+        leaders(&[&first, &others[0], &others[1]]).await,
+        [true, false, false]
+    );
+    first.signal(Signal::SIGKILL);
+    // Polled through the take-over: never two leaders, and then one.
+    let elected = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let now = leaders(&[&others[0], &others[1]]).await;
+            assert!(now.iter().filter(|l| **l).count() <= 1, "{now:?}");
+            if let Some(i) = now.iter().position(|l| *l) {
+                return i;
+            }
+        }
+    })
+    .await
+    .expect("a standby leads");
+    serving_as_leader(&mut others[elected]).await;
+    for _ in 0..20 {
+        let now = leaders(&[&others[0], &others[1]]).await;
+        let mut expected = [false, false];
+        expected[elected] = true;
+        assert_eq!(now, expected);
+    }
+    // The one left a standby forwards to the new leader.
+    let mut via_standby = others[1 - elected].client().await;
+    common::spawn(&mut via_standby, keyed("output after", "after")).await;
+    for server in others {
+        assert_eq!(server.stop().await.code(), Some(0));
+    }
+}
