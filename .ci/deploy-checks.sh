@@ -10,7 +10,8 @@
 # kubernetes-validate --strict; the ServiceMonitor against
 # prometheus-operator's schema; yamllint; the values against
 # values.schema.json; NOTES.txt. Then that bad values fail with a message
-# naming the field, the chart's invariants (one replica, Recreate, grace
+# naming the field, the chart's invariants (replicas and strategy by store:
+# one and Recreate, or RollingUpdate, a PDB and anti-affinity on postgres; grace
 # period, probes, security, secrets, the store's volume or Secret, no
 # password in a ConfigMap, config checksum), and, when
 # target/debug/subagentd exists, that each rendered config.toml is a valid
@@ -266,7 +267,8 @@ BAD_CASES=(
   'ServiceMonitor without metrics|/metrics/enabled|metrics:\n  enabled: false\nserviceMonitor:\n  enabled: true'
   'duration without a unit|/runs/defaultTimeout|runs:\n  defaultTimeout: "30"'
   'prompt: arg without a {prompt} argument|/agents/coder/command|agents:\n  coder:\n    runner: command\n    command: [my-agent]\n    prompt: arg'
-  'replicaCount 3 (one replica until HA)|maximum: got 3, want 1|replicaCount: 3'
+  'replicaCount 3 without postgres|maximum: got 3, want 1|replicaCount: 3'
+  'replicaCount 2 on the memory store|maximum: got 2, want 1|replicaCount: 2\nstore:\n  backend: memory'
   'store backend "sqlite"|/store/backend|store:\n  backend: sqlite'
   'postgres without a url or urlSecret|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    existingSecret: pg'
   'a password in the postgres url|/store/postgres/url|store:\n  backend: postgres\n  postgres:\n    url: postgres://sa:not-a-password@db/sa'
@@ -325,8 +327,22 @@ def need(cond, msg):
 dep = docs["Deployment"]
 spec = dep["spec"]
 pod = spec["template"]["spec"]
-need(spec["replicas"] == 1, "replicas must be 1")
-need(spec["strategy"] == {"type": "Recreate"}, "strategy must be Recreate")
+replicas = values.get("replicaCount", 1)
+need(spec["replicas"] == replicas, "replicas must be replicaCount")
+postgres = values.get("store", {}).get("backend") == "postgres"
+if postgres:
+    need(spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+         "strategy must be RollingUpdate with maxUnavailable 0 on postgres")
+else:
+    need(replicas <= 1, "more than one replica needs postgres")
+    need(spec["strategy"] == {"type": "Recreate"}, "strategy must be Recreate")
+if replicas > 1:
+    need("PodDisruptionBudget" in docs, "more than one replica needs a PodDisruptionBudget")
+    if not values.get("affinity"):
+        terms = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        need(terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname", "anti-affinity across nodes")
+env = {e["name"]: e for e in pod["containers"][0].get("env", [])}
+need(env.get("POD_IP", {}).get("valueFrom") == {"fieldRef": {"fieldPath": "status.podIP"}}, "POD_IP from the downward API")
 (c,) = pod["containers"]
 config = tomllib.loads(docs["ConfigMap"]["data"]["config.toml"])
 need(config["server"]["listen"] == "0.0.0.0:50051", "listen must be 0.0.0.0:50051")
@@ -433,7 +449,7 @@ for r in "${RENDERS[@]}"; do
   case "$id" in
     default) about="1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports, a PersistentVolumeClaim at /var/lib/subagentd, no password in the ConfigMap" ;;
     all-on) about="same, plus API keys from Secrets under api_key_env, the claim's class, mode and annotations" ;;
-    postgres) about="no claim, password_file from the Secret, mounted read-only, no password in the ConfigMap" ;;
+    postgres) about="3 replicas, RollingUpdate with maxUnavailable 0, a PDB, anti-affinity across nodes, POD_IP, no claim, password_file from the Secret, mounted read-only, no password in the ConfigMap" ;;
     postgres-url) about="no claim, SUBAGENTD_STORE__URL from the Secret, no password in the ConfigMap" ;;
     ephemeral) about="an emptyDir at /var/lib/subagentd, no claim" ;;
     existing-claim) about="the existing claim at /var/lib/subagentd, no claim of its own" ;;
