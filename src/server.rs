@@ -464,6 +464,9 @@ impl Follower {
         };
         self.set_route(Route::Local);
         self.metrics.set_leader(true);
+        // A standby that was SERVING (its leader answered) is not ready
+        // again until it has recovered as the leader.
+        set_serving(&self.health, false).await;
         info!(epoch = lease.epoch, "leading: recovering the store");
         let recovered = tokio::select! {
             recovered = recover(&self.config, &self.scheduler, self.store_failed.clone(), Some(lease.epoch)) => Some(recovered),
