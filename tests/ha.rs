@@ -50,15 +50,22 @@ async fn serving_as_leader(server: &mut ChildServer) -> serde_json::Value {
         .await
 }
 
+/// A server that leads (started first, up once it serves), then one that
+/// is its standby.
+async fn leader_then_standby(toml: &str) -> (ChildServer, ChildServer) {
+    let mut leader = ChildServer::start(toml, &[]).await;
+    serving_as_leader(&mut leader).await;
+    let standby = ChildServer::start(toml, &[]).await;
+    (leader, standby)
+}
+
 #[tokio::test]
 async fn one_server_leads_and_a_standby_forwards_every_call_unchanged() {
     let Some(db) = Database::create().await else {
         return;
     };
     let toml = config(&db, "2s");
-    let mut leader = ChildServer::start(&toml, &[]).await;
-    serving_as_leader(&mut leader).await;
-    let standby = ChildServer::start(&toml, &[]).await;
+    let (leader, standby) = leader_then_standby(&toml).await;
     assert_eq!(leader_gauge(&leader).await, 1.0);
     assert_eq!(leader_gauge(&standby).await, 0.0);
 
@@ -150,9 +157,7 @@ async fn a_killed_leader_is_replaced_and_nothing_acknowledged_is_lost() {
         return;
     };
     let toml = config(&db, "1s");
-    let mut first = ChildServer::start(&toml, &[]).await;
-    serving_as_leader(&mut first).await;
-    let mut second = ChildServer::start(&toml, &[]).await;
+    let (first, mut second) = leader_then_standby(&toml).await;
     let mut via_second = second.client().await;
     let mut acknowledged = Vec::new();
     for i in 0..20 {
@@ -185,9 +190,7 @@ async fn sigterm_hands_the_lease_over_at_once_not_at_its_expiry() {
     // The default lease: a standby that waited for expiry would take 10 s,
     // one that polled up to 3.3 s.
     let toml = config(&db, "10s");
-    let mut first = ChildServer::start(&toml, &[]).await;
-    serving_as_leader(&mut first).await;
-    let mut second = ChildServer::start(&toml, &[]).await;
+    let (first, mut second) = leader_then_standby(&toml).await;
     let mut via_second = second.client().await;
     let queued = common::spawn(&mut via_second, keyed("output after handover", "h")).await;
     let stopped = Instant::now();
@@ -211,9 +214,7 @@ async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits()
         return;
     };
     let toml = config(&db, "1s");
-    let mut first = ChildServer::start(&toml, &[]).await;
-    serving_as_leader(&mut first).await;
-    let mut second = ChildServer::start(&toml, &[]).await;
+    let (mut first, mut second) = leader_then_standby(&toml).await;
     let mut client = first.client().await;
     let running = common::spawn(&mut client, keyed("sleep 600000", "r")).await;
     assert_eq!(common::status(&running), pb::AgentStatus::Running);
@@ -248,9 +249,7 @@ async fn a_worker_behind_a_standby_keeps_its_run_across_a_failover() {
         "{}\n[agents.coder]\nrunner = \"worker\"\n",
         config(&db, "1s")
     );
-    let mut first = ChildServer::start(&toml, &[]).await;
-    serving_as_leader(&mut first).await;
-    let mut second = ChildServer::start(&toml, &[]).await;
+    let (first, mut second) = leader_then_standby(&toml).await;
     let mut worker = RawWorker::connect(&second, vec![]).await;
     let mut client = second.client().await;
     let run = common::spawn(
