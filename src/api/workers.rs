@@ -101,6 +101,14 @@ impl Session {
             };
             match request.message {
                 Some(pb::connect_request::Message::Event(event)) => self.apply(event),
+                Some(pb::connect_request::Message::Drain(drain)) => {
+                    if self.scheduler.drain_worker(self.worker_id) {
+                        info!(
+                            worker_id = %self.worker_id, name = %self.name, reason = %drain.reason,
+                            "worker draining: no new runs for it"
+                        );
+                    }
+                }
                 Some(pb::connect_request::Message::Hello(_)) => {
                     warn!(worker_id = %self.worker_id, "a second hello is ignored");
                 }

@@ -150,10 +150,16 @@ struct Worker {
     /// Runs holding its capacity: running, awaiting approval, or stopped
     /// and not yet confirmed ended by the worker.
     held: HashSet<AgentId>,
+    /// The worker said it is stopping: it gets no new runs.
+    draining: bool,
 }
 
 impl Worker {
+    /// Room for new runs: none while draining.
     fn free(&self) -> u32 {
+        if self.draining {
+            return 0;
+        }
         self.info.capacity.saturating_sub(self.held.len() as u32)
     }
 }
@@ -194,9 +200,19 @@ impl WorkerPool {
                 info,
                 commands,
                 held: HashSet::default(),
+                draining: false,
             },
         );
         id
+    }
+
+    /// The worker is stopping: nothing more is assigned to it (its held
+    /// runs go on). False if it is not connected.
+    pub fn drain(&mut self, id: WorkerId) -> bool {
+        self.workers
+            .get_mut(&id)
+            .map(|w| w.draining = true)
+            .is_some()
     }
 
     /// Removes a worker; returns what it was and the runs it held (their
@@ -348,6 +364,21 @@ mod tests {
         assert!(pool.release(ids[0], run));
         assert!(!pool.release(ids[0], run), "a second release is a no-op");
         assert!(pool.has_room("coder"));
+    }
+
+    #[test]
+    fn a_draining_worker_gets_nothing_new_but_keeps_its_runs() {
+        let (mut pool, ids) = pool_with(&[("a", &["coder"], 2), ("b", &["coder"], 1)]);
+        let run = Uuid::from_u128(3);
+        pool.hold(ids[0], run);
+        assert!(pool.drain(ids[0]));
+        assert_eq!(pool.pick("coder"), Some(ids[1]), "a, though freer, drains");
+        pool.hold(ids[1], Uuid::from_u128(4));
+        assert!(!pool.has_room("coder"));
+        assert!(pool.holds(ids[0], run));
+        assert!(pool.release(ids[0], run));
+        assert_eq!(pool.pick("coder"), None, "released capacity stays closed");
+        assert!(!pool.drain(Uuid::from_u128(99)));
     }
 
     #[test]

@@ -16,11 +16,15 @@ impl Core {
         let Some(run) = rec.run.as_mut() else {
             return;
         };
-        if chunk.is_empty() || rec.view.status.is_terminal() {
+        if rec.view.status.is_terminal() {
+            return;
+        }
+        // An empty chunk is a worker's "still working" (see `RunEvent`).
+        run.progress.touch();
+        if chunk.is_empty() {
             return;
         }
         run.output.push_str(chunk);
-        run.progress.touch();
         if self.events.wants_progress() {
             // The record's own view has no result while it runs: progress
             // events carry the chunk, not the whole output again.

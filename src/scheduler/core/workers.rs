@@ -164,6 +164,11 @@ impl Core {
         held.len()
     }
 
+    /// The worker is draining: it gets no new runs; what it holds goes on.
+    pub fn drain_worker(&mut self, worker: WorkerId) -> bool {
+        self.workers.drain(worker)
+    }
+
     /// The cancel grace of a stopped worker run passed: its capacity frees
     /// unless the worker already confirmed the run ended.
     pub fn release_worker_slot(&mut self, worker: WorkerId, agent: AgentId) -> bool {
