@@ -419,7 +419,7 @@ impl TelemetryConfig {
             .collect()
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let e = self.otlp_endpoint.trim();
         if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
             return Err(telemetry_invalid(
@@ -728,7 +728,7 @@ impl AgentTypeConfig {
 }
 
 impl AgentTypeConfig {
-    fn validate_command(&self, name: &str) -> Result<(), ConfigError> {
+    pub(crate) fn validate_command(&self, name: &str) -> Result<(), ConfigError> {
         let key = |k: &str| format!("agents.{name}.{k}");
         // Keys that belong to one runner are refused for the others.
         let owned = [
@@ -1013,7 +1013,7 @@ impl ConfigSource {
     }
 }
 
-fn invalid(key: impl Into<String>, rule: impl fmt::Display) -> ConfigError {
+pub(crate) fn invalid(key: impl Into<String>, rule: impl fmt::Display) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         rule: rule.to_string(),

@@ -218,7 +218,12 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
-    let scheduler = Scheduler::with_runners(&config, crate::runner::builtin(Some(addr)));
+    let scheduler = Scheduler::with_runners(
+        &config,
+        crate::runner::builtin(Some(crate::runner::command::CommandRunner::local_api_url(
+            addr,
+        ))),
+    );
     scheduler.set_span_sink(telemetry::run_span_sink());
     let shutdown = CancellationToken::new();
     let metrics = std::sync::Arc::new(Metrics::new(scheduler.clone()));

@@ -489,6 +489,75 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
     }
 }
 
+/// The agent of a worker's assignment, as a worker process hands it to
+/// its runner. Fields the runners do not read (approval) are left empty;
+/// an id that does not parse is an error (the server sent it).
+pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
+    let id = |field: &str, value: &str| {
+        Uuid::parse_str(value)
+            .map_err(|_| format!("{field} \"{}\" is not an agent id", truncate(value)))
+    };
+    let time = |t: &Option<Timestamp>| t.as_ref().and_then(|t| SystemTime::try_from(*t).ok());
+    let usage = |u: &Option<pb::Usage>| {
+        u.as_ref().map_or_else(Usage::default, |u| Usage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            tool_calls: u.tool_calls,
+        })
+    };
+    let optional = |s: &str| (!s.is_empty()).then(|| Arc::<str>::from(s));
+    let status = pb::AgentStatus::try_from(a.status).unwrap_or(pb::AgentStatus::Unspecified);
+    Ok(AgentView {
+        id: id("agent.id", &a.id)?,
+        agent: a.agent.as_str().into(),
+        model: a.model.as_str().into(),
+        description: a.description.as_str().into(),
+        parent_id: match a.parent_id.as_str() {
+            "" => None,
+            p => Some(id("agent.parent_id", p)?),
+        },
+        root_id: id("agent.root_id", &a.root_id)?,
+        lead_id: optional(&a.lead_id),
+        depth: a.depth,
+        status: status_from_pb(status),
+        created_at: time(&a.created_at).unwrap_or_else(SystemTime::now),
+        started_at: time(&a.started_at),
+        finished_at: time(&a.finished_at),
+        result: a.result.as_str().into(),
+        error: a
+            .error
+            .as_ref()
+            .map(|e| AgentError::new(&e.code, e.message.clone())),
+        approval: None,
+        usage: usage(&a.usage),
+        total_usage: usage(&a.total_usage),
+        labels: Arc::new(
+            a.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        background: a.background,
+        detached: a.detached,
+        queue_reason: optional(&a.queue_reason),
+        bucket: a.bucket.as_str().into(),
+        worker_id: match a.worker_id.as_str() {
+            "" => None,
+            w => Some(id("agent.worker_id", w)?),
+        },
+        trace_id: u128::from_str_radix(&a.trace_id, 16)
+            .ok()
+            .and_then(crate::scheduler::trace::TraceId::new)
+            .ok_or_else(|| {
+                format!(
+                    "agent.trace_id \"{}\" is not a trace id",
+                    truncate(&a.trace_id)
+                )
+            })?,
+        attempt: a.attempt,
+    })
+}
+
 fn usage_to_pb(u: &Usage) -> pb::Usage {
     pb::Usage {
         input_tokens: u.input_tokens,
@@ -744,6 +813,57 @@ mod tests {
             Error::Invalid(v) => v.into_iter().map(|v| v.field).collect(),
             other => panic!("expected Invalid, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_agent_survives_the_round_trip_a_worker_assignment_takes() {
+        let (id, parent, worker) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let created = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789);
+        let usage = Usage {
+            input_tokens: 3,
+            output_tokens: 5,
+            tool_calls: 1,
+        };
+        let agent = AgentView {
+            id,
+            agent: "coder".into(),
+            model: "openai/gpt".into(),
+            description: "fix it".into(),
+            parent_id: Some(parent),
+            root_id: parent,
+            lead_id: Some("lead-7".into()),
+            depth: 2,
+            status: AgentStatus::Running,
+            created_at: created,
+            started_at: Some(created + Duration::from_millis(5)),
+            finished_at: None,
+            result: "partial".into(),
+            error: Some(AgentError::new("STALE", "no progress")),
+            approval: None,
+            usage,
+            total_usage: Usage {
+                input_tokens: 30,
+                ..usage
+            },
+            labels: Arc::new([("team".to_string(), "a".to_string())].into()),
+            background: true,
+            detached: true,
+            queue_reason: None,
+            bucket: "openai/gpt".into(),
+            worker_id: Some(worker),
+            trace_id: crate::scheduler::trace::TraceId::random(),
+            attempt: 2,
+        };
+        let back = agent_from_pb(&agent_to_pb(&agent, created)).unwrap();
+        assert_eq!(back, agent);
+
+        let mut bad = agent_to_pb(&agent, created);
+        bad.parent_id = "nope".into();
+        let err = agent_from_pb(&bad).unwrap_err();
+        assert!(err.contains("agent.parent_id"), "{err}");
+        bad = agent_to_pb(&agent, created);
+        bad.trace_id.clear();
+        assert!(agent_from_pb(&bad).unwrap_err().contains("agent.trace_id"));
     }
 
     #[test]

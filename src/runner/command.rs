@@ -63,23 +63,26 @@ struct GroupState {
 }
 
 impl CommandRunner {
-    /// A runner whose programs reach the API at `api_addr` (the server's
-    /// bound address; an unspecified IP becomes loopback).
-    pub fn new(api_addr: Option<SocketAddr>) -> Self {
-        let api_addr = api_addr.map(|mut a| {
-            if a.ip().is_unspecified() {
-                a.set_ip(if a.is_ipv4() {
-                    std::net::Ipv4Addr::LOCALHOST.into()
-                } else {
-                    std::net::Ipv6Addr::LOCALHOST.into()
-                });
-            }
-            format!("http://{a}")
-        });
+    /// A runner whose programs reach the API at `api_url`
+    /// (`SUBAGENTD_ADDR`; unset when `None`).
+    pub fn new(api_url: Option<String>) -> Self {
         Self {
-            api_addr,
+            api_addr: api_url,
             groups: Groups::default(),
         }
+    }
+
+    /// The URL programs of a server bound to `addr` reach it at (an
+    /// unspecified IP becomes loopback).
+    pub fn local_api_url(mut addr: SocketAddr) -> String {
+        if addr.ip().is_unspecified() {
+            addr.set_ip(if addr.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        format!("http://{addr}")
     }
 
     /// At server shutdown, after every run was cancelled: waits until each
@@ -760,10 +763,9 @@ mod tests {
 
     #[test]
     fn an_unspecified_listen_address_becomes_loopback_for_programs() {
-        let r = CommandRunner::new(Some("0.0.0.0:50051".parse().unwrap()));
-        assert_eq!(r.api_addr.as_deref(), Some("http://127.0.0.1:50051"));
-        let r = CommandRunner::new(Some("10.1.2.3:7".parse().unwrap()));
-        assert_eq!(r.api_addr.as_deref(), Some("http://10.1.2.3:7"));
+        let url = |a: &str| CommandRunner::local_api_url(a.parse().unwrap());
+        assert_eq!(url("0.0.0.0:50051"), "http://127.0.0.1:50051");
+        assert_eq!(url("10.1.2.3:7"), "http://10.1.2.3:7");
     }
 
     /// Issue 13 §4: a program runs only once its process group is durable,

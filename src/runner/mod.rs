@@ -17,7 +17,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentTypeConfig;
-pub use crate::scheduler::{inbox::SteerInbox, RunReporter};
+pub use crate::scheduler::{inbox::SteerInbox, RemoteReports, RunReporter};
 use crate::scheduler::{AgentError, AgentView};
 
 /// What a run resolves to: the final result, or why it failed.
@@ -44,10 +44,11 @@ pub struct Run {
     pub traceparent: Arc<str>,
 }
 
-/// The in-process runners, by kind (workers run elsewhere). Command
-/// runs reach the API at `api_addr` (`SUBAGENTD_ADDR`) when given.
+/// The built-in runners, by kind (the server's in-process ones, and what
+/// `subagentd worker` runs). Command runs reach the API at `api_url`
+/// (`SUBAGENTD_ADDR`) when given.
 pub fn builtin(
-    api_addr: Option<std::net::SocketAddr>,
+    api_url: Option<String>,
 ) -> std::collections::HashMap<crate::config::RunnerKind, Arc<dyn Runner>> {
     use crate::config::RunnerKind;
     std::collections::HashMap::from([
@@ -57,7 +58,7 @@ pub fn builtin(
         ),
         (
             RunnerKind::Command,
-            Arc::new(command::CommandRunner::new(api_addr)) as Arc<dyn Runner>,
+            Arc::new(command::CommandRunner::new(api_url)) as Arc<dyn Runner>,
         ),
         (
             RunnerKind::Openai,

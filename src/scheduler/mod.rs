@@ -335,8 +335,8 @@ impl Scheduler {
             steer: start.steer,
             cancel: cancel.clone(),
             reporter: RunReporter {
-                scheduler: self.clone(),
                 id,
+                sink: ReportSink::Core(self.clone()),
             },
             agent_type,
             traceparent: start.traceparent,
@@ -351,14 +351,7 @@ impl Scheduler {
                 }
                 Err(deadline_error(timeout))
             }
-            out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
-                Err(AgentError::new(CODE_RUNNER_CRASHED, format!("runner crashed: {what}")))
-            }),
+            out = AssertUnwindSafe(runner.run(run)).catch_unwind() => out.unwrap_or_else(|panic| Err(crashed(&*panic))),
         };
         self.with_core(|c| c.finish(id, outcome));
     }
@@ -383,6 +376,11 @@ impl Scheduler {
     /// Agent types with `runner = "worker"` in the current config.
     pub fn worker_agent_types(&self) -> Vec<String> {
         self.inspect(Core::worker_agent_types)
+    }
+
+    /// A worker is draining (see [`Core::drain_worker`]).
+    pub fn drain_worker(&self, worker: WorkerId) -> bool {
+        self.inspect_mut(|c| c.drain_worker(worker))
     }
 
     /// A worker's session ended (see [`Core::worker_lost`]).
@@ -768,12 +766,51 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// The failure of a run whose runner panicked with `panic`.
+pub fn crashed(panic: &(dyn std::any::Any + Send)) -> AgentError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned());
+    AgentError::new(CODE_RUNNER_CRASHED, format!("runner crashed: {what}"))
+}
+
 /// A run's channel back to the scheduler. Reports after the agent ended
 /// are ignored.
+///
+/// In the server the reports go straight to the core; in a worker process
+/// (`subagentd worker`) the same runners report through a [`RemoteReports`]
+/// that sends them over the worker's session.
 #[derive(Clone)]
 pub struct RunReporter {
-    scheduler: Scheduler,
     id: AgentId,
+    sink: ReportSink,
+}
+
+#[derive(Clone)]
+enum ReportSink {
+    Core(Scheduler),
+    Remote(Arc<dyn RemoteReports>),
+}
+
+/// Where a run's reports go when the run executes away from the core (in
+/// a worker process). Every method returns at once except
+/// `request_approval`, which resolves to the decision.
+pub trait RemoteReports: Send + Sync + 'static {
+    /// A chunk of output; an empty one says the run is still working.
+    fn output(&self, chunk: &str);
+    /// A tool call.
+    fn tool_call(&self, name: &str, input_digest: &str);
+    /// Tokens used.
+    fn usage(&self, usage: Usage);
+    /// Asks for a decision and resolves to it; never resolves if the run
+    /// is stopped first (the run future is dropped then).
+    fn request_approval(
+        &self,
+        tool_name: &str,
+        detail: &str,
+    ) -> futures_util::future::BoxFuture<'static, ApprovalOutcome>;
 }
 
 impl std::fmt::Debug for RunReporter {
@@ -783,6 +820,14 @@ impl std::fmt::Debug for RunReporter {
 }
 
 impl RunReporter {
+    /// A reporter of `id`'s run that sends to `remote` (a worker process).
+    pub fn remote(id: AgentId, remote: Arc<dyn RemoteReports>) -> Self {
+        Self {
+            id,
+            sink: ReportSink::Remote(remote),
+        }
+    }
+
     /// The agent this run belongs to.
     pub fn agent_id(&self) -> AgentId {
         self.id
@@ -791,38 +836,54 @@ impl RunReporter {
     /// Appends a chunk of output to the agent's result (and streams it to
     /// progress watchers).
     pub fn output(&self, chunk: &str) {
-        self.scheduler
-            .inspect_mut(|c| c.append_output(self.id, chunk));
+        match &self.sink {
+            ReportSink::Core(s) => s.inspect_mut(|c| c.append_output(self.id, chunk)),
+            ReportSink::Remote(r) if !chunk.is_empty() => r.output(chunk),
+            ReportSink::Remote(_) => {}
+        }
     }
 
     /// A command run's program is about to run as process group `group`:
     /// recorded with the run, and resolves once that is durable, so a
-    /// restart after a crash can stop it. Err when the store failed.
+    /// restart after a crash can stop it. Err when the store failed. A
+    /// worker process records nothing: its programs are its own, and it
+    /// stops them itself.
     pub async fn process_group(&self, group: durable::ProcessGroup) -> Result<(), Error> {
-        let ticket = self.scheduler.inspect_mut(|c| {
+        let ReportSink::Core(scheduler) = &self.sink else {
+            return Ok(());
+        };
+        let ticket = scheduler.inspect_mut(|c| {
             c.record_process_group(self.id, group);
             c.ticket()
         });
-        self.scheduler.durable(ticket).await
+        scheduler.durable(ticket).await
     }
 
     /// Says the run is still working although it reports nothing (output
     /// past its cap, say), so it does not count as stale.
     pub fn still_working(&self) {
-        self.scheduler.inspect_mut(|c| c.touch_progress(self.id));
+        match &self.sink {
+            ReportSink::Core(s) => s.inspect_mut(|c| c.touch_progress(self.id)),
+            ReportSink::Remote(r) => r.output(""),
+        }
     }
 
     /// Reports a tool call: counted in `usage.tool_calls` and streamed to
     /// progress watchers.
     pub fn tool_call(&self, name: &str, input_digest: &str) {
-        // May trip a circuit breaker, which ends the run and frees slots.
-        self.scheduler
-            .with_core(|c| c.record_tool_call(self.id, name, input_digest));
+        match &self.sink {
+            // May trip a circuit breaker, which ends the run and frees slots.
+            ReportSink::Core(s) => s.with_core(|c| c.record_tool_call(self.id, name, input_digest)),
+            ReportSink::Remote(r) => r.tool_call(name, input_digest),
+        }
     }
 
     /// Adds token usage or tool calls.
     pub fn usage(&self, usage: Usage) {
-        self.scheduler.inspect_mut(|c| c.add_usage(self.id, usage));
+        match &self.sink {
+            ReportSink::Core(s) => s.inspect_mut(|c| c.add_usage(self.id, usage)),
+            ReportSink::Remote(r) => r.usage(usage),
+        }
     }
 
     /// Pauses the run in AWAITING_APPROVAL for `tool_name` and resolves
@@ -832,9 +893,11 @@ impl RunReporter {
     /// If the agent ends instead (cancel, deadline) the scheduler drops the
     /// run future, so this never resolves then.
     pub async fn request_approval(&self, tool_name: &str, detail: &str) -> ApprovalOutcome {
-        let pending = self
-            .scheduler
-            .with_core(|c| c.request_approval(self.id, tool_name, detail));
+        let scheduler = match &self.sink {
+            ReportSink::Core(s) => s,
+            ReportSink::Remote(r) => return r.request_approval(tool_name, detail).await,
+        };
+        let pending = scheduler.with_core(|c| c.request_approval(self.id, tool_name, detail));
         match pending {
             Some((_, decision)) => match decision.await {
                 Ok(outcome) => outcome,
