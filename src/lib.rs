@@ -12,3 +12,4 @@ pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod worker;

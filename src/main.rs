@@ -19,6 +19,9 @@ async fn main() -> ExitCode {
         Command::Serve(args) => subagentd::server::serve(args)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => subagentd::worker::run(args)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         command => client::run(command).await,
     };
     outcome.unwrap_or_else(|e| {

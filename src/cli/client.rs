@@ -461,8 +461,8 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// status 1 here, so that the message format is the same for all of them.
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     let result = match cmd {
-        Command::Serve(_) => {
-            anyhow::bail!("`serve` runs the server and is not a client command")
+        Command::Serve(_) | Command::Worker(_) => {
+            anyhow::bail!("`serve` and `worker` are not client commands")
         }
         Command::Spawn(args) => spawn(args).await,
         Command::Status(args) => status(args).await,

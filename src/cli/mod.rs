@@ -2,7 +2,7 @@
 //! subcommand is a thin gRPC client of a running server (see [`client`]).
 //!
 //! Parsing lives here and in [`client`] so that `main` only has to parse
-//! [`Cli`] and dispatch: `serve` to the server, anything else to
+//! [`Cli`] and dispatch: `serve` to the server, `worker` to [`crate::worker`], anything else to
 //! [`client::run`].
 
 pub mod client;
@@ -42,6 +42,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Run agent types with the built-in runners as a worker of a server
+    /// (WorkerService.Connect); SIGTERM drains.
+    Worker(crate::worker::WorkerArgs),
     /// Create an agent (Spawn). Prints the agent: at once for --background,
     /// once it is settled otherwise.
     ///
