@@ -6,7 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{child::ChildServer, postgres::Database, worker::RawWorker};
+use common::{
+    child::{ChildServer, ChildWorker},
+    postgres::Database,
+    worker::{RawWorker, STEERED_COMMAND_TYPE},
+};
 use nix::sys::signal::Signal;
 use subagentd::pb::{self, agent_service_client::AgentServiceClient};
 use tonic::Code;
@@ -290,6 +294,91 @@ async fn a_worker_behind_a_standby_keeps_its_run_across_a_failover() {
     assert_eq!(common::status(&done[0]), pb::AgentStatus::Done);
     assert_eq!(done[0].result, "finished after the failover");
     assert_eq!(done[0].attempt, 1, "re-attached, not retried");
+    assert_eq!(second.stop().await.code(), Some(0));
+}
+
+/// A leader and a standby with the worker type `coder`, a `subagentd
+/// worker` behind the standby (as behind a Kubernetes Service), and a
+/// `coder` run on it that has printed its prompt.
+async fn worker_run_behind_a_standby(
+    db: &Database,
+) -> (ChildServer, ChildServer, ChildWorker, pb::Agent) {
+    let toml = format!(
+        "{}\n[agents.coder]\nrunner = \"worker\"\n",
+        config(db, "1s")
+    );
+    let (first, second) = leader_then_standby(&toml).await;
+    let worker = ChildWorker::start(
+        &second.addr,
+        &format!("[worker]\nname = \"w\"\n\n{STEERED_COMMAND_TYPE}"),
+    )
+    .await;
+    let mut client = second.client().await;
+    let mut events = common::watch(
+        &mut client,
+        pb::WatchAgentsRequest {
+            include_progress: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let run = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "coder".into(),
+            ..keyed("across", "w")
+        },
+    )
+    .await;
+    common::wait_for(&mut events, |ev| {
+        ev.kind == pb::AgentEventKind::Output as i32
+            && ev.agent.as_ref().is_some_and(|a| a.id == run.id)
+    })
+    .await;
+    (first, second, worker, run)
+}
+
+/// Steers `run` (retrying while the new leader is not reachable yet) and
+/// checks that the one program saw it: DONE, first attempt, one prompt.
+async fn steered_to_the_end(server: &ChildServer, run: &pb::Agent) {
+    let mut client = server.client().await;
+    common::steer(&mut client, &run.id, "after").await;
+    let done = common::await_all(&mut client, &[&run.id]).await.remove(0);
+    assert_eq!(common::status(&done), pb::AgentStatus::Done, "{done:?}");
+    assert_eq!(
+        done.result, "prompt=across\nsteer=after\n",
+        "one program, uninterrupted"
+    );
+    assert_eq!(done.attempt, 1, "re-attached, not retried");
+}
+
+#[tokio::test]
+async fn a_worker_process_run_started_before_the_leader_is_killed_finishes_done_after_it() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let (first, mut second, mut worker, run) = worker_run_behind_a_standby(&db).await;
+    first.signal(Signal::SIGKILL);
+    serving_as_leader(&mut second).await;
+    // Steered while the worker may still be reconnecting: delivered after
+    // its re-attach.
+    steered_to_the_end(&second, &run).await;
+    worker.connected().await;
+    worker.signal(Signal::SIGTERM);
+    assert_eq!(worker.exit_status().await.code(), Some(0));
+    assert_eq!(second.stop().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_rolling_handover_by_sigterm_never_interrupts_a_worker_run() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let (first, mut second, mut worker, run) = worker_run_behind_a_standby(&db).await;
+    assert_eq!(first.stop().await.code(), Some(0));
+    serving_as_leader(&mut second).await;
+    worker.connected().await;
+    steered_to_the_end(&second, &run).await;
     assert_eq!(second.stop().await.code(), Some(0));
 }
 

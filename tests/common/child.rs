@@ -1,5 +1,5 @@
-//! The built binary as a child process, as an operator runs it: its own
-//! config file, JSON log lines on stderr, signals.
+//! The built binary as a child process, as an operator runs it: a server
+//! or a worker with its own config file, JSON log lines on stderr, signals.
 
 use std::{process::Stdio, time::Duration};
 
@@ -17,13 +17,122 @@ pub const CHILD_WAIT: Duration = Duration::from_secs(30);
 /// `subagentd serve` with a config file, on 127.0.0.1:0, metrics on a free
 /// port, JSON logs at info.
 pub struct ChildServer {
-    child: Child,
+    process: Process,
     /// The gRPC address it listens on.
     pub addr: String,
     /// Its metrics endpoint's address.
     pub metrics: String,
-    lines: mpsc::UnboundedReceiver<String>,
     _config: tempfile::NamedTempFile,
+}
+
+/// A `subagentd` child process whose JSON log lines on stderr the test
+/// reads.
+struct Process {
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl Process {
+    /// Starts `command` (`subagentd` with its arguments) with JSON logs at
+    /// info.
+    fn spawn(mut command: Command) -> Self {
+        command
+            .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("subagentd starts");
+        // Read stderr to the end, so the process never blocks on a full pipe.
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(forward(child.stderr.take().unwrap(), tx));
+        Self { child, lines }
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    async fn exit_status(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(CHILD_WAIT, self.child.wait())
+            .await
+            .expect("the process exits")
+            .unwrap()
+    }
+
+    async fn log_line(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        tokio::time::timeout(CHILD_WAIT, async {
+            loop {
+                let line = self.lines.recv().await.expect("the process runs");
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    panic!("log line is not JSON: {line}");
+                };
+                if wanted(&v) {
+                    return v;
+                }
+            }
+        })
+        .await
+        .expect("log line appears")
+    }
+}
+
+/// `subagentd worker --server <addr> --config <file>`, JSON logs at info.
+pub struct ChildWorker {
+    process: Process,
+    _config: tempfile::NamedTempFile,
+}
+
+impl ChildWorker {
+    /// Starts it against `server` with `config_toml` and waits until the
+    /// server welcomed it.
+    pub async fn start(server: &str, config_toml: &str) -> Self {
+        let mut worker = Self::start_unconnected(server, config_toml);
+        worker.connected().await;
+        worker
+    }
+
+    /// Starts it without waiting for anything.
+    pub fn start_unconnected(server: &str, config_toml: &str) -> Self {
+        let config = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(config.path(), config_toml).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+        command
+            .arg("worker")
+            .args(["--server", server])
+            .arg("--config")
+            .arg(config.path());
+        Self {
+            process: Process::spawn(command),
+            _config: config,
+        }
+    }
+
+    /// Waits until a session is welcomed (again, after a reconnect).
+    pub async fn connected(&mut self) -> serde_json::Value {
+        self.log_line(|v| v["message"] == "connected to the server")
+            .await
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        self.process.signal(signal);
+    }
+
+    /// Waits for the process to exit.
+    pub async fn exit_status(self) -> std::process::ExitStatus {
+        self.process.exit_status().await
+    }
+
+    /// JSON log lines until one passes `wanted`.
+    pub async fn log_line(
+        &mut self,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        self.process.log_line(wanted).await
+    }
 }
 
 impl ChildServer {
@@ -37,6 +146,17 @@ impl ChildServer {
 
     /// Starts it and waits until it listens, not until it serves.
     pub async fn start_unready(config_toml: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_at("127.0.0.1:0", config_toml, env).await
+    }
+
+    /// Starts it listening on `listen` and waits until it serves.
+    pub async fn start_listening(listen: &str, config_toml: &str, env: &[(&str, &str)]) -> Self {
+        let server = Self::start_at(listen, config_toml, env).await;
+        server.wait_serving().await;
+        server
+    }
+
+    async fn start_at(listen: &str, config_toml: &str, env: &[(&str, &str)]) -> Self {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(config.path(), config_toml).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
@@ -44,25 +164,14 @@ impl ChildServer {
             .arg("serve")
             .arg("--config")
             .arg(config.path())
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
-            .env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json")
-            .env("RUST_LOG", "info")
             .envs(memory_unless_configured(config_toml, env))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("subagentd starts");
-        // Read stderr to the end, so the server never blocks on a full pipe.
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(forward(child.stderr.take().unwrap(), tx));
+            .envs(env.iter().copied());
         let mut server = Self {
-            child,
+            process: Process::spawn(command),
             addr: String::new(),
             metrics: String::new(),
-            lines,
             _config: config,
         };
         let listening = server
@@ -118,16 +227,12 @@ impl ChildServer {
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, signal).unwrap();
+        self.process.signal(signal);
     }
 
     /// Waits for the process to exit.
-    pub async fn exit_status(mut self) -> std::process::ExitStatus {
-        tokio::time::timeout(CHILD_WAIT, self.child.wait())
-            .await
-            .expect("server exits")
-            .unwrap()
+    pub async fn exit_status(self) -> std::process::ExitStatus {
+        self.process.exit_status().await
     }
 
     /// SIGTERM, then the exit status.
@@ -141,19 +246,7 @@ impl ChildServer {
         &mut self,
         wanted: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        tokio::time::timeout(CHILD_WAIT, async {
-            loop {
-                let line = self.lines.recv().await.expect("server runs");
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    panic!("log line is not JSON: {line}");
-                };
-                if wanted(&v) {
-                    return v;
-                }
-            }
-        })
-        .await
-        .expect("log line appears")
+        self.process.log_line(wanted).await
     }
 }
 

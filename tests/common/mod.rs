@@ -3,6 +3,7 @@
 
 pub mod child;
 pub mod cli;
+pub mod openai;
 pub mod postgres;
 pub mod worker;
 

@@ -7,6 +7,14 @@ use subagentd::pb;
 
 use super::child::ChildServer;
 
+/// `[agents.coder]` of a `subagentd worker` file: a command that echoes its
+/// prompt (`prompt=…`), then its first steer message (`steer=…`).
+pub const STEERED_COMMAND_TYPE: &str = r#"[agents.coder]
+runner = "command"
+command = ["sh", "-c", "read p; echo \"prompt=$p\"; read s; echo \"steer=$s\""]
+steer = "stdin"
+"#;
+
 /// A raw worker session over the generated client.
 pub struct RawWorker {
     tx: tokio::sync::mpsc::UnboundedSender<pb::ConnectRequest>,
