@@ -13,9 +13,9 @@
 # naming the field, the chart's invariants (replicas and strategy by store:
 # one and Recreate, or RollingUpdate, a PDB and anti-affinity on postgres; grace
 # period, probes, security, secrets, the store's volume or Secret, no
-# password in a ConfigMap, config checksum), and, when
+# password in a ConfigMap, config checksum, the worker Deployment), and, when
 # target/debug/subagentd exists, that each rendered config.toml is a valid
-# config for the real binary (`serve --dump-config`).
+# config for the real binary (`serve --dump-config`, `worker --dump-config`).
 # One line per check; on a failure, the tool's output and a non-zero exit.
 set -euo pipefail
 
@@ -278,6 +278,9 @@ BAD_CASES=(
   'poolSize 0|/store/postgres/poolSize|store:\n  postgres:\n    poolSize: 0'
   'ReadWriteMany data volume|/persistence/accessMode|persistence:\n  accessMode: ReadWriteMany'
   'persistence size without a quantity|/persistence/size|persistence:\n  size: big'
+  'a worker type with runner worker|/worker/agents/w/runner|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: worker'
+  'workers without agent types|/worker/agents|worker:\n  enabled: true'
+  'worker capacity 0|/worker/capacity|worker:\n  capacity: 0'
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out
@@ -294,12 +297,36 @@ bad_values() { # EXPECTED FILE
   printf '%s\n' "$out"
   grep -qF -- "$expected" <<<"$out" || { echo "helm template's message does not name $expected"; return 1; }
 }
+# Rules across keys that JSON Schema cannot state fail in the templates
+# (`fail`); helm 4's lint reports those only as INFO, so helm template and
+# helm install --dry-run are what must refuse them.
+TEMPLATE_BAD_CASES=(
+  'a worker type the server does not run on workers|the server must declare agents.w with runner: worker|worker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated'
+  'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
+)
+bad_template() { # EXPECTED FILE
+  local expected="$1" file="$2" out cmd
+  for cmd in template install; do
+    if out="$("$HELM" "$cmd" subagentd "$CHART" --namespace agents --dry-run=client -f "$file" 2>&1)"; then
+      echo "helm $cmd passed, expected a failure"
+      return 1
+    fi
+    printf '%s\n' "$out"
+    grep -qF -- "$expected" <<<"$out" || { echo "helm $cmd's message does not name $expected"; return 1; }
+  done
+}
 i=0
 for case in "${BAD_CASES[@]}"; do
   i=$((i + 1))
   IFS='|' read -r name expected yaml <<<"$case"
   printf '%b\n' "$yaml" >"$WORK/bad-$i.yaml"
   check "bad values fail helm lint and helm template, naming $expected: $name" bad_values "$expected" "$WORK/bad-$i.yaml"
+done
+for case in "${TEMPLATE_BAD_CASES[@]}"; do
+  i=$((i + 1))
+  IFS='|' read -r name expected yaml <<<"$case"
+  printf '%b\n' "$yaml" >"$WORK/bad-$i.yaml"
+  check "bad values fail helm template and helm install --dry-run, naming $expected: $name" bad_template "$expected" "$WORK/bad-$i.yaml"
 done
 
 # --- Chart invariants -----------------------------------------------------------------
@@ -309,7 +336,15 @@ import os, re, sys, tomllib, yaml
 
 rendered, value_files = sys.argv[1], sys.argv[2:]
 all_docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
-docs = {d["kind"]: d for d in all_docs}
+def is_worker(d):
+    return d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "worker"
+# The server's resources by kind, and the workers' (worker.enabled).
+docs = {d["kind"]: d for d in all_docs if not is_worker(d)}
+worker_docs = {d["kind"]: d for d in all_docs if is_worker(d)}
+need_unique = [k for k in {d["kind"] for d in all_docs}
+               if sum(1 for d in all_docs if d["kind"] == k and not is_worker(d)) > 1]
+if need_unique:
+    sys.exit(f"more than one server resource of kind {need_unique}")
 
 def merge(a, b):
     out = dict(a)
@@ -378,8 +413,65 @@ for name, agent in values["agents"].items():
         ref = env[var]["valueFrom"]["secretKeyRef"]
         need("value" not in env[var] and ref["name"] == agent["apiKeySecret"]["name"]
              and ref["key"] == agent["apiKeySecret"]["key"], f"agent {name}: {var} from its Secret")
-need("Secret" not in docs, "the chart must not create Secrets")
+need("Secret" not in docs and "Secret" not in worker_docs, "the chart must not create Secrets")
 need(pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False, "pod token/links")
+
+# Workers (worker.*): their own Deployment, ConfigMap and optional HPA; pods the
+# servers' Service, Deployment and PDB never select; the server through the
+# Service; grace = drain grace + the longest kill grace + margin.
+w = values["worker"]
+if not w["enabled"]:
+    need(not worker_docs, f"worker.enabled false: no worker resources, got {sorted(worker_docs)}")
+else:
+    need(set(worker_docs) == {"Deployment", "ConfigMap"} | ({"HorizontalPodAutoscaler"} if w["autoscaling"]["enabled"] else set()),
+         f"worker resources: {sorted(worker_docs)}")
+    wdep, wcm = worker_docs["Deployment"], worker_docs["ConfigMap"]
+    wspec, wpod = wdep["spec"], wdep["spec"]["template"]["spec"]
+    wlabels = wspec["template"]["metadata"]["labels"]
+    for what, sel in [("Service", docs["Service"]["spec"]["selector"]),
+                      ("Deployment", spec["selector"]["matchLabels"])] + (
+                      [("PodDisruptionBudget", docs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"])]
+                      if "PodDisruptionBudget" in docs else []):
+        need(not sel.items() <= wlabels.items(), f"the servers' {what} selector matches worker pods")
+    need(wspec["selector"]["matchLabels"].items() <= wlabels.items(), "worker selector matches its pods")
+    need(not wspec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items(),
+         "the workers' selector matches server pods")
+    if w["autoscaling"]["enabled"]:
+        hpa = worker_docs["HorizontalPodAutoscaler"]["spec"]
+        need("replicas" not in wspec, "with autoscaling the HPA owns replicas")
+        need(hpa["scaleTargetRef"]["name"] == wdep["metadata"]["name"]
+             and hpa["minReplicas"] == w["autoscaling"]["minReplicas"]
+             and hpa["maxReplicas"] == w["autoscaling"]["maxReplicas"], "HPA targets the worker Deployment")
+    else:
+        need(wspec["replicas"] == w["replicaCount"], "worker replicas follow worker.replicaCount")
+    (wc,) = wpod["containers"]
+    svc = docs["Service"]
+    # render() uses --namespace agents.
+    url = f"http://{svc['metadata']['name']}.agents.svc:{values['service']['grpcPort']}"
+    need(wc["args"][:3] == ["worker", "--server", url], f"worker --server must be the Service {url}: {wc['args']}")
+    wconfig = tomllib.loads(wcm["data"]["config.toml"])
+    wmounts = {m["mountPath"]: m["name"] for m in wc["volumeMounts"]}
+    wvols = {v["name"]: v for v in wpod["volumes"]}
+    cfg_dir = os.path.dirname(wc["args"][wc["args"].index("--config") + 1])
+    need(wvols[wmounts[cfg_dir]]["configMap"]["name"] == wcm["metadata"]["name"], "worker config mount")
+    need(wconfig["worker"]["capacity"] == w["capacity"], "[worker] capacity")
+    drain = int(re.fullmatch(r"(\d+)s", wconfig["worker"]["drain_grace"]).group(1))
+    need(drain == w["drainGraceSeconds"], "[worker] drain_grace")
+    wkill = max([a.get("killGraceSeconds", 5) for a in w["agents"].values() if a["runner"] == "command"] + [5])
+    need(wpod["terminationGracePeriodSeconds"] == drain + wkill + values["terminationGraceMarginSeconds"],
+         "worker terminationGracePeriodSeconds = drain grace + kill grace + margin")
+    need(set(wconfig["agents"]) == set(w["agents"]), "the worker's agent types")
+    for name in w["agents"]:
+        need(config["agents"][name]["runner"] == "worker", f"the server runs {name} on workers")
+    wenv = {e["name"]: e for e in wc.get("env", [])}
+    for name, agent in w["agents"].items():
+        if "apiKeySecret" in agent:
+            var = wconfig["agents"][name]["api_key_env"]
+            need(wenv[var]["valueFrom"]["secretKeyRef"] == agent["apiKeySecret"], f"worker agent {name}: {var} from its Secret")
+    wsc = wc["securityContext"]
+    need(wsc["readOnlyRootFilesystem"] and wsc["allowPrivilegeEscalation"] is False, "worker securityContext")
+    need("emptyDir" in wvols[wmounts["/tmp"]], "worker /tmp is an emptyDir")
+    need(wpod["automountServiceAccountToken"] is False and wpod["enableServiceLinks"] is False, "worker pod token/links")
 
 # The store: [store] follows store.*; the embedded store's data dir is a mount
 # (the root filesystem is read-only); PostgreSQL credentials come from Secrets.
@@ -448,7 +540,7 @@ for r in "${RENDERS[@]}"; do
   IFS='|' read -r id what file <<<"$r"
   case "$id" in
     default) about="1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports, a PersistentVolumeClaim at /var/lib/subagentd, no password in the ConfigMap" ;;
-    all-on) about="same, plus API keys from Secrets under api_key_env, the claim's class, mode and annotations" ;;
+    all-on) about="same, plus API keys from Secrets under api_key_env, the claim's class, mode and annotations; a worker Deployment, ConfigMap and HPA whose pods no server selector matches, --server the Service, grace = drain + kill grace + margin" ;;
     postgres) about="3 replicas, RollingUpdate with maxUnavailable 0, a PDB, anti-affinity across nodes, POD_IP, no claim, password_file from the Secret, mounted read-only, no password in the ConfigMap" ;;
     postgres-url) about="no claim, SUBAGENTD_STORE__URL from the Secret, no password in the ConfigMap" ;;
     ephemeral) about="an emptyDir at /var/lib/subagentd, no claim" ;;
@@ -472,7 +564,8 @@ check "checksum/config changes with the config, and only with it" config_rolls
 extract_config() { # RENDERED OUT
   "$PY" - "$1" >"$2" <<'EOF'
 import sys, yaml
-(cm,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"]
+(cm,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"
+         and d["metadata"]["labels"].get("app.kubernetes.io/component") != "worker"]
 sys.stdout.write(cm["data"]["config.toml"])
 EOF
 }
@@ -535,6 +628,36 @@ for name, agent in values["agents"].items():
             need(dump["agents"][name][toml_key] == agent[key], f"agents.{name}.{toml_key} round-trips")
 EOF
 }
+worker_dump_config() { # RENDERED VALUES...
+  local rendered="$1"
+  shift
+  "$PY" - "$rendered" >"$WORK/worker-config.toml" <<'EOF'
+import sys, yaml
+(cm,) = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"
+         and d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+sys.stdout.write(cm["data"]["config.toml"])
+EOF
+  env -i PATH=/usr/bin:/bin "$BINARY" worker --server http://subagentd.agents.svc:50051 \
+    --config "$WORK/worker-config.toml" --dump-config >"$WORK/worker-dump.toml" || return 1
+  "$PY" - "$WORK/worker-dump.toml" "$@" <<'EOF'
+import sys, tomllib, yaml
+dump = tomllib.loads(open(sys.argv[1]).read())
+values = {}
+for f in sys.argv[2:]:
+    values = {**values, **(yaml.safe_load(open(f)) or {})}
+w = values["worker"]
+def need(cond, msg):
+    if not cond:
+        sys.exit(f"effective worker config: {msg}")
+need(dump["worker"]["capacity"] == w["capacity"], "worker.capacity")
+need(dump["worker"]["labels"] == w["labels"], "worker.labels")
+need(set(dump["agents"]) == set(w["agents"]), f"agent types {sorted(dump['agents'])}")
+for name, agent in w["agents"].items():
+    need(dump["agents"][name]["runner"] == agent["runner"], f"agents.{name}.runner")
+    if "command" in agent:
+        need(dump["agents"][name]["command"] == agent["command"], f"agents.{name}.command round-trips")
+EOF
+}
 if [ -x "$BINARY" ]; then
   for r in "${RENDERS[@]}"; do
     IFS='|' read -r id what file <<<"$r"
@@ -544,6 +667,9 @@ if [ -x "$BINARY" ]; then
   done
   check "$BINARY serve --dump-config accepts the image's deploy/config/container.toml" \
     dump_config deploy/config/container.toml
+  # The workers' config.toml (renders with worker.enabled) against `subagentd worker`.
+  check "$BINARY worker --dump-config accepts the rendered worker config.toml (all-on values)" \
+    worker_dump_config "$WORK/render-all-on.yaml" "$CHART/values.yaml" "$ALL_ON"
 else
   skip "rendered config.toml against the binary: no $BINARY (cargo build --locked --bins builds it)"
 fi

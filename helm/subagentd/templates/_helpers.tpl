@@ -84,17 +84,79 @@ directory of the PostgreSQL password file (a Secret volume).
 {{- end }}
 
 {{/*
-terminationGracePeriodSeconds: shutdown grace + the longest command kill
-grace (5 s, the server's default, when none is set) + margin.
+The longest command kill_grace among a map of agent types, in seconds (5, the
+default, when none is set).
 */}}
-{{- define "subagentd.terminationGracePeriodSeconds" -}}
+{{- define "subagentd.longestKillGrace" -}}
 {{- $kill := 5 }}
-{{- range $name, $agent := .Values.agents }}
+{{- range $name, $agent := . }}
 {{- if and (eq (toString $agent.runner) "command") (hasKey $agent "killGraceSeconds") }}
 {{- $kill = max $kill (int $agent.killGraceSeconds) }}
 {{- end }}
 {{- end }}
-{{- add (int .Values.server.shutdownGraceSeconds) $kill (int .Values.terminationGraceMarginSeconds) }}
+{{- $kill }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: shutdown grace + the longest command kill
+grace + margin.
+*/}}
+{{- define "subagentd.terminationGracePeriodSeconds" -}}
+{{- add (int .Values.server.shutdownGraceSeconds) (include "subagentd.longestKillGrace" .Values.agents | int) (int .Values.terminationGraceMarginSeconds) }}
+{{- end }}
+
+{{/*
+The workers' terminationGracePeriodSeconds: drain grace + the longest command
+kill grace of their types + margin, so a drain is never cut short.
+*/}}
+{{- define "subagentd.workerTerminationGracePeriodSeconds" -}}
+{{- add (int .Values.worker.drainGraceSeconds) (include "subagentd.longestKillGrace" .Values.worker.agents | int) (int .Values.terminationGraceMarginSeconds) }}
+{{- end }}
+
+{{/*
+Environment variables holding the API keys of openai agent types, from their
+Secrets. Called with a map of agent types.
+*/}}
+{{- define "subagentd.apiKeyEnvVars" -}}
+{{- range $name, $agent := . }}
+{{- with $agent.apiKeySecret }}
+# API key of agent type {{ $name | quote }} (its api_key_env).
+- name: {{ include "subagentd.apiKeyEnv" (list $name $agent) }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The workers' name and selector labels. */}}
+{{- define "subagentd.workerName" -}}
+{{- printf "%s-worker" (include "subagentd.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- /*
+The workers' app.kubernetes.io/name differs from the servers': the servers'
+Service, Deployment selector and PodDisruptionBudget must never match a worker
+pod (and a Deployment's selector cannot change on upgrade).
+*/}}
+{{- define "subagentd.workerSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-worker" (include "subagentd.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+{{- define "subagentd.workerLabels" -}}
+helm.sh/chart: {{ include "subagentd.chart" . }}
+{{ include "subagentd.workerSelectorLabels" . }}
+app.kubernetes.io/component: worker
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+The server's address as the workers reach it: the chart's Service, so any
+ready server (a standby forwards to the leader).
+*/}}
+{{- define "subagentd.serverUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "subagentd.fullname" .) .Release.Namespace (int .Values.service.grpcPort) }}
 {{- end }}
 
 {{/*
@@ -236,7 +298,16 @@ traces_sampler_arg = {{ include "subagentd.tomlString" .tracesSamplerArg }}
 log_format = {{ include "subagentd.tomlString" .logFormat }}
 {{- end }}
 {{- end }}
-{{- range $name, $agent := $v.agents }}
+{{- include "subagentd.agentsToml" $v.agents }}
+{{- end }}
+
+{{/*
+[agents.NAME] sections from a map of agent types (the server's agents or the
+worker's worker.agents): the same keys in both files.
+*/}}
+{{- define "subagentd.agentsToml" -}}
+{{- $agents := . -}}
+{{- range $name, $agent := $agents }}
 
 [agents.{{ toJson $name }}]
 runner = {{ include "subagentd.tomlString" $agent.runner }}
@@ -288,4 +359,26 @@ request_timeout = {{ include "subagentd.tomlString" $agent.requestTimeout }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The worker's config file (`subagentd worker --config`): [worker], its agent
+types, [telemetry] (the log format; a worker serves no metrics).
+*/}}
+{{- define "subagentd.workerConfigToml" -}}
+{{- $w := .Values.worker -}}
+# Rendered by the subagentd Helm chart from worker.*; edit the values, not this.
+[worker]
+capacity = {{ include "subagentd.tomlInt" $w.capacity }}
+drain_grace = "{{ int64 $w.drainGraceSeconds }}s"
+{{- if $w.labels }}
+labels = {{ include "subagentd.tomlStringTable" $w.labels }}
+{{- end }}
+
+[telemetry]
+metrics_listen = ""
+{{- if hasKey .Values.telemetry "logFormat" }}
+log_format = {{ include "subagentd.tomlString" .Values.telemetry.logFormat }}
+{{- end }}
+{{- include "subagentd.agentsToml" $w.agents }}
 {{- end }}
