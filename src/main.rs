@@ -1,11 +1,11 @@
-//! The `subagentd` binary: `serve`, and client subcommands for people at a
+//! The `subagentd` binary: `serve`, `worker`, and client subcommands for people at a
 //! terminal.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-/// mimalloc instead of glibc malloc: the server allocates and frees many
+/// jemalloc instead of glibc malloc: the server allocates and frees many
 /// small objects across threads (records, events, runs), where glibc spent
 /// ~10 % of server CPU in malloc/free and consolidation (BENCHMARKS.md).
 #[global_allocator]
