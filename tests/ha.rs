@@ -155,6 +155,61 @@ async fn a_server_that_cannot_reach_the_database_stays_up_and_answers_no_leader(
     assert_eq!(server.stop().await.code(), Some(0));
 }
 
+/// Keyed spawns through `client`, one after another, each retried with the
+/// same key while the service answers UNAVAILABLE (an election, a recovery,
+/// a forwarded call whose leader went away), as a client would. Sends
+/// (key, agent id) for every acknowledged call.
+async fn keyed_load(
+    mut client: AgentServiceClient<tonic::transport::Channel>,
+    count: usize,
+    acks: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+) {
+    for i in 0..count {
+        let key = format!("k{i}");
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            // A call that hangs would fail here, not hang the test.
+            let answer = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.spawn(keyed("sleep 600000", &key)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("spawn {key} hung"));
+            match answer {
+                Ok(agent) => {
+                    let id = agent.into_inner().agent.unwrap().id;
+                    acks.send((key, id)).unwrap();
+                    break;
+                }
+                Err(status) if status.code() == Code::Unavailable => {
+                    // The client's retry backoff, not a wait for state.
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+                Err(status) => panic!("spawn {key}: {status:?}"),
+            }
+        }
+    }
+}
+
+/// (sequence, agent id) of every event a watch delivers until it ends; a
+/// forwarded watch whose leader is killed ends UNAVAILABLE.
+async fn watched_until_it_ends(
+    mut stream: tonic::Streaming<pb::WatchAgentsResponse>,
+) -> Vec<(u64, String)> {
+    let mut seen = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(event)) => seen.push((event.sequence, event.agent.unwrap().id)),
+            Ok(None) => panic!("a watch ended OK while its server was killed"),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                return seen;
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_killed_leader_is_replaced_and_nothing_acknowledged_is_lost() {
     let Some(db) = Database::create().await else {
@@ -163,10 +218,17 @@ async fn a_killed_leader_is_replaced_and_nothing_acknowledged_is_lost() {
     let toml = config(&db, "1s");
     let (first, mut second) = leader_then_standby(&toml).await;
     let mut via_second = second.client().await;
+    // A watcher and a client with idempotency keys, both through the
+    // standby, the client spawning throughout the kill.
+    let watch = tokio::spawn(watched_until_it_ends(
+        common::watch(&mut via_second, pb::WatchAgentsRequest::default()).await,
+    ));
+    const SPAWNS: usize = 60;
+    let (acks_tx, mut acks_rx) = tokio::sync::mpsc::unbounded_channel();
+    let load = tokio::spawn(keyed_load(via_second.clone(), SPAWNS, acks_tx));
     let mut acknowledged = Vec::new();
-    for i in 0..20 {
-        let agent = common::spawn(&mut via_second, keyed("sleep 600000", &format!("k{i}"))).await;
-        acknowledged.push(agent.id);
+    while acknowledged.len() < 20 {
+        acknowledged.push(acks_rx.recv().await.unwrap());
     }
     first.signal(Signal::SIGKILL);
     let killed = Instant::now();
@@ -175,12 +237,50 @@ async fn a_killed_leader_is_replaced_and_nothing_acknowledged_is_lost() {
     // lease_ttl + 5 s is the target with default settings; with a 1 s
     // lease the take-over is well within it.
     assert!(took < Duration::from_secs(6), "took {took:?}");
+    while let Some(ack) = acks_rx.recv().await {
+        acknowledged.push(ack);
+    }
+    load.await.unwrap();
+    assert_eq!(acknowledged.len(), SPAWNS);
+
     let mut client = second.client().await;
-    for (i, id) in acknowledged.iter().enumerate() {
+    for (key, id) in &acknowledged {
         let agent = common::status_of(&mut client, id).await;
         assert_eq!(&agent.id, id);
-        let again = common::spawn(&mut client, keyed("output new", &format!("k{i}"))).await;
-        assert_eq!(&again.id, id, "key k{i} returns its first agent");
+        let again = common::spawn(&mut client, keyed("output new", key)).await;
+        assert_eq!(&again.id, id, "key {key} returns its first agent");
+    }
+
+    // The watch resumes where it stopped: the new leader replays every
+    // event after the last one seen, numbered on without a gap (nothing
+    // here publishes progress events, so lifecycle events are consecutive),
+    // and between them the two streams show every acknowledged agent.
+    let before = watch.await.unwrap();
+    let last_seen = before.last().map_or(0, |(seq, _)| *seq);
+    assert!(
+        before.windows(2).all(|w| w[1].0 == w[0].0 + 1),
+        "{before:?}"
+    );
+    let mut resumed = common::watch(
+        &mut client,
+        pb::WatchAgentsRequest {
+            after_sequence: last_seen,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut unseen: std::collections::HashSet<&str> =
+        acknowledged.iter().map(|(_, id)| id.as_str()).collect();
+    for (_, id) in &before {
+        unseen.remove(id.as_str());
+    }
+    let mut previous = last_seen;
+    while !unseen.is_empty() {
+        let event = common::wait_for(&mut resumed, |_| true).await;
+        assert_eq!(event.sequence, previous + 1, "no gap, none twice");
+        assert_ne!(event.kind, pb::AgentEventKind::Snapshot as i32, "replayed");
+        previous = event.sequence;
+        unseen.remove(event.agent.unwrap().id.as_str());
     }
     assert_eq!(leader_gauge(&second).await, 1.0);
     assert_eq!(second.stop().await.code(), Some(0));
@@ -212,20 +312,73 @@ async fn sigterm_hands_the_lease_over_at_once_not_at_its_expiry() {
     assert_eq!(second.stop().await.code(), Some(0));
 }
 
+/// A command type whose program holds an exclusive lock on `dir/lock` for
+/// its whole life and logs `start` to `dir/log` — or `overlap` when another
+/// run of it still holds the lock — then prints `started`.
+fn locking_program_type(dir: &std::path::Path) -> String {
+    let script = "exec 9>>\"$DIR/lock\"; \
+                  if ! flock -n 9; then echo overlap >> \"$DIR/log\"; flock 9; fi; \
+                  echo start >> \"$DIR/log\"; echo started; exec sleep 600";
+    format!(
+        "[agents.prog]\nrunner = \"command\"\ncommand = [\"sh\", \"-c\", {script:?}]\n\
+         env = {{ DIR = {:?} }}\nretry_on_restart = 1\nkill_grace = \"1s\"\n",
+        dir.display().to_string()
+    )
+}
+
 #[tokio::test]
 async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits() {
     let Some(db) = Database::create().await else {
         return;
     };
-    let toml = config(&db, "1s");
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "{}\n{}",
+        config(&db, "1s"),
+        locking_program_type(dir.path())
+    );
     let (mut first, mut second) = leader_then_standby(&toml).await;
     let mut client = first.client().await;
-    let running = common::spawn(&mut client, keyed("sleep 600000", "r")).await;
+    let mut progress = common::watch(
+        &mut client,
+        pb::WatchAgentsRequest {
+            include_progress: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let running = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            agent: "prog".into(),
+            ..keyed("go", "r")
+        },
+    )
+    .await;
     assert_eq!(common::status(&running), pb::AgentStatus::Running);
+    common::wait_for_event(&mut progress, &running.id, pb::AgentEventKind::Output).await;
     first.signal(Signal::SIGSTOP);
     serving_as_leader(&mut second).await;
+    // The new leader stopped the frozen leader's program (same host: its
+    // recorded process group) before it ran the agent again.
+    let mut client = second.client().await;
+    let mut progress = common::watch(
+        &mut client,
+        pb::WatchAgentsRequest {
+            ids: vec![running.id.clone()],
+            include_progress: true,
+            include_snapshot: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    common::wait_for(&mut progress, |e| {
+        e.kind == pb::AgentEventKind::Output as i32
+            && e.agent.as_ref().is_some_and(|a| a.attempt == 2)
+    })
+    .await;
     first.signal(Signal::SIGCONT);
-    // It steps down before anything else, stopping its run, and exits
+    // It steps down before anything else, stopping its runs, and exits
     // non-zero so that it comes back as a standby.
     first
         .log_line(|v| {
@@ -234,10 +387,16 @@ async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits()
         .await;
     let status = first.exit_status().await;
     assert!(!status.success(), "{status:?}");
-    // The new leader decided the interrupted run by the recovery rules.
-    let mut client = second.client().await;
+    // It wrote nothing: the agent is the new leader's second attempt, still
+    // running, and the program never ran twice at once.
     let after = common::status_of(&mut client, &running.id).await;
-    assert_eq!(after.id, running.id);
+    assert_eq!(
+        (common::status(&after), after.attempt),
+        (pb::AgentStatus::Running, 2)
+    );
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert_eq!(log, "start\nstart\n", "one run at a time");
+    common::cancel(&mut client, &running.id).await;
     assert_eq!(second.stop().await.code(), Some(0));
 }
 

@@ -171,16 +171,23 @@ mod tests {
     #[test]
     fn keys_are_checked_with_the_servers_rules() {
         let err = |text: &str| WorkerConfig::from_toml_str(text).unwrap_err().to_string();
-        assert!(err("[worker]\ncapacity = 0\n[agents.a]\n").contains("worker.capacity"));
+        assert!(
+            err("[worker]\ncapacity = 0\n[agents.a]\nrunner = \"simulated\"\n")
+                .contains("worker.capacity")
+        );
         assert!(err("[worker]\n").contains("at least one agent type"));
         assert!(err("[agents.a]\nrunner = \"worker\"\n").contains("agents.a.runner"));
         assert!(err("[agents.a]\nrunner = \"command\"\n").contains("agents.a.command"));
-        assert!(err("[agents.a]\nretry_on_worker_lost = 1\n").contains("server's config"));
+        assert!(
+            err("[agents.a]\nrunner = \"simulated\"\nretry_on_worker_lost = 1\n")
+                .contains("server's config")
+        );
         assert!(
             err("[agents.a]\nrunner = \"simulated\"\nbase_url = \"http://x\"\n")
                 .contains("agents.a.base_url")
         );
-        assert!(err("[worker]\nbogus = 1\n[agents.a]\n").contains("bogus"));
+        assert!(err("[worker]\nbogus = 1\n[agents.a]\nrunner = \"simulated\"\n").contains("bogus"));
+        assert!(err("[agents.a]\n").contains("runner"));
         let c = WorkerConfig::from_toml_str(
             "[worker]\nname = \"w1\"\ncapacity = 4\ndrain_grace = \"2s\"\n\
              [agents.a]\nrunner = \"command\"\ncommand = [\"cat\"]\n",
