@@ -64,6 +64,12 @@ pub enum Command {
     ///                     --postgres-url and dropped at the end); reports
     ///                     commits/s and changes per commit. Not in the
     ///                     default list; without --postgres-url it fails.
+    ///   bg-spawn-forwarded
+    ///                     bg-spawn-postgres sent to a standby (a second
+    ///                     server on the same database), which forwards each
+    ///                     call to the leader: the forwarding cost. Server
+    ///                     CPU is both processes'. Not in the default list;
+    ///                     needs --postgres-url.
     ///   fg-spawn          foreground Spawn, same prompt: spawn + run + complete
     ///                     in one call.
     ///   status            Status by the id of one running agent spawned before
@@ -151,11 +157,11 @@ pub struct RunArgs {
         value_name = "NAME,…"
     )]
     pub scenarios: Vec<Scenario>,
-    /// PostgreSQL server for bg-spawn-postgres, e.g.
+    /// PostgreSQL server for bg-spawn-postgres and bg-spawn-forwarded, e.g.
     /// `postgres://subagentd@127.0.0.1:55432/postgres`: the bench connects
     /// to this database to `CREATE DATABASE bench_<uuid>` for each server
     /// process (so the user needs CREATEDB) and drops it when that server
-    /// stops. No default: without it bg-spawn-postgres is a failure.
+    /// stops. No default: without it those scenarios are failures.
     #[arg(long, value_name = "URL")]
     pub postgres_url: Option<String>,
     /// Run the whole scenario list this many times, interleaved (baseline,

@@ -41,6 +41,9 @@ pub enum Scenario {
     /// Background Spawn round-robin under `--lead-watchers` leads while one
     /// WatchAgents subscriber per lead watches its own lead.
     BgSpawnLeadWatched,
+    /// BgSpawnPostgres sent to a standby, which forwards every call to the
+    /// leader on the same database (needs `--postgres-url`).
+    BgSpawnForwarded,
 }
 
 impl Scenario {
@@ -55,6 +58,7 @@ impl Scenario {
             Scenario::Status => "status",
             Scenario::BgSpawnWatched => "bg-spawn-watched",
             Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
+            Scenario::BgSpawnForwarded => "bg-spawn-forwarded",
         }
     }
 }
@@ -63,14 +67,17 @@ impl Scenario {
     /// True for the scenarios that measure a durable store (their rows
     /// carry commit counts and ratios to bg-spawn, which keeps nothing).
     pub fn has_store(self) -> bool {
-        matches!(self, Scenario::BgSpawnEmbedded | Scenario::BgSpawnPostgres)
+        matches!(
+            self,
+            Scenario::BgSpawnEmbedded | Scenario::BgSpawnPostgres | Scenario::BgSpawnForwarded
+        )
     }
 
     /// The store of this scenario's server; Err when it cannot have one.
     fn store(self, args: &RunArgs) -> Result<BenchStore, String> {
         match self {
             Scenario::BgSpawnEmbedded => Ok(BenchStore::Embedded),
-            Scenario::BgSpawnPostgres => match &args.postgres_url {
+            Scenario::BgSpawnPostgres | Scenario::BgSpawnForwarded => match &args.postgres_url {
                 Some(url) => Ok(BenchStore::Postgres {
                     server_url: url.clone(),
                 }),
@@ -177,13 +184,13 @@ async fn run_scenario(
     kind: &ServerKind,
     args: &RunArgs,
 ) -> (Vec<Row>, Option<anyhow::Error>) {
-    let server = match ServerProcess::start(kind, args.server.startup_timeout).await {
-        Ok(server) => server,
+    let servers = match UnderTest::start(scenario, kind, args).await {
+        Ok(servers) => servers,
         Err(e) => return (Vec::new(), Some(e)),
     };
     let mut rows = Vec::new();
-    let measured = measure_scenario(scenario, &server, args, &mut rows).await;
-    let stopped = server.stop().await;
+    let measured = measure_scenario(scenario, &servers, args, &mut rows).await;
+    let stopped = servers.stop().await;
     let failure = match (measured, stopped) {
         (Ok(()), Ok(())) => None,
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Some(e),
@@ -194,22 +201,92 @@ async fn run_scenario(
     (rows, failure)
 }
 
+/// The servers of one scenario: the one that schedules and, for
+/// [`Scenario::BgSpawnForwarded`], a standby on its database that the load
+/// is sent to.
+struct UnderTest {
+    server: ServerProcess,
+    standby: Option<ServerProcess>,
+}
+
+impl UnderTest {
+    async fn start(scenario: Scenario, kind: &ServerKind, args: &RunArgs) -> anyhow::Result<Self> {
+        let timeout = args.server.startup_timeout;
+        let server = ServerProcess::start(kind, timeout).await?;
+        let standby = match (scenario, kind) {
+            (
+                Scenario::BgSpawnForwarded,
+                ServerKind::Subagentd {
+                    bin, config_toml, ..
+                },
+            ) => {
+                let url = server
+                    .database_url()
+                    .context("the forwarded scenario's leader has no database")?
+                    .to_owned();
+                let standby_kind = ServerKind::Subagentd {
+                    bin: bin.clone(),
+                    config_toml,
+                    store: BenchStore::PostgresShared { url },
+                };
+                // The first server holds the lease once it is SERVING, so
+                // this one starts as its standby (SERVING once it reaches
+                // the leader).
+                match ServerProcess::start(&standby_kind, timeout).await {
+                    Ok(standby) => Some(standby),
+                    Err(e) => {
+                        let _ = server.stop().await;
+                        return Err(e.context("starting the standby"));
+                    }
+                }
+            }
+            _ => None,
+        };
+        Ok(Self { server, standby })
+    }
+
+    /// Where the load goes.
+    fn target(&self) -> &ServerProcess {
+        self.standby.as_ref().unwrap_or(&self.server)
+    }
+
+    /// CPU ticks of every server process: a forwarded Spawn costs both.
+    fn cpu_ticks(&self) -> anyhow::Result<u64> {
+        let standby = match &self.standby {
+            Some(standby) => standby.cpu_ticks()?,
+            None => 0,
+        };
+        Ok(self.server.cpu_ticks()? + standby)
+    }
+
+    /// The standby first: stopping the leader first would start an election.
+    async fn stop(self) -> anyhow::Result<()> {
+        let standby = match self.standby {
+            Some(standby) => standby.stop().await,
+            None => Ok(()),
+        };
+        let server = self.server.stop().await;
+        standby.and(server)
+    }
+}
+
 async fn measure_scenario(
     scenario: Scenario,
-    server: &ServerProcess,
+    servers: &UnderTest,
     args: &RunArgs,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let channels = servers::connect(server.addr(), args.connections).await?;
+    let addr = servers.target().addr();
+    let channels = servers::connect(addr, args.connections).await?;
     let workload = prepare(scenario, &channels[0], args).await?;
     let watchers = match (scenario, &workload) {
         (Scenario::BgSpawnWatched, _) => {
-            Some(open_watchers(server.addr(), args.watchers, args.watcher_connections).await?)
+            Some(open_watchers(addr, args.watchers, args.watcher_connections).await?)
         }
         (Scenario::BgSpawnLeadWatched, Workload::SpawnRoundRobin { leads, .. }) => {
             eprintln!("[{scenario}] opening {} lead watchers", leads.names.len());
             Some(
-                Watchers::open_leads(server.addr(), &leads.names, args.watcher_connections)
+                Watchers::open_leads(addr, &leads.names, args.watcher_connections)
                     .await
                     .context("opening the lead watchers")?,
             )
@@ -225,7 +302,7 @@ async fn measure_scenario(
         };
         match measure_once(
             scenario,
-            server,
+            servers,
             &channels,
             &workload,
             watchers.as_ref(),
@@ -261,6 +338,7 @@ async fn prepare(
         | Scenario::BgSpawn
         | Scenario::BgSpawnEmbedded
         | Scenario::BgSpawnPostgres
+        | Scenario::BgSpawnForwarded
         | Scenario::BgSpawnWatched => Workload::Spawn(load::spawn_request(true)),
         Scenario::FgSpawn => Workload::Spawn(load::spawn_request(false)),
         Scenario::Status => {
@@ -297,7 +375,7 @@ async fn open_watchers(
 /// One timed run at one concurrency.
 async fn measure_once(
     scenario: Scenario,
-    server: &ServerProcess,
+    servers: &UnderTest,
     channels: &[Channel],
     workload: &Workload,
     watchers: Option<&Watchers>,
@@ -311,7 +389,8 @@ async fn measure_once(
     );
     let running = load::start(channels, workload.clone(), plan);
     tokio::time::sleep_until(running.timed_start().into()).await;
-    let server_cpu_before = server.cpu_ticks()?;
+    let server = &servers.server;
+    let server_cpu_before = servers.cpu_ticks()?;
     let client_cpu_before = procfs::cpu_ticks(Pid::This)?;
     let events_before = watchers.map(|w| {
         w.take_max_lag();
@@ -326,7 +405,7 @@ async fn measure_once(
 
     let result = running.finish().await?;
 
-    let server_cpu = server.cpu_ticks()?.saturating_sub(server_cpu_before);
+    let server_cpu = servers.cpu_ticks()?.saturating_sub(server_cpu_before);
     let client_cpu = procfs::cpu_ticks(Pid::This)?.saturating_sub(client_cpu_before);
     // Every answer counted was durable when it was sent (the store's
     // durable-answer rule), so its commit is in this count.

@@ -95,6 +95,12 @@ pub enum BenchStore {
         /// A database on the server the bench may `CREATE DATABASE` from.
         server_url: String,
     },
+    /// `backend = "postgres"` in the database of another bench server (a
+    /// standby next to its leader); that server creates and drops it.
+    PostgresShared {
+        /// The database's URL.
+        url: String,
+    },
 }
 
 /// The store's commit counters (`subagentd_store_commits_total`,
@@ -171,6 +177,9 @@ impl ServerProcess {
                         let db = BenchDatabase::create(server_url).await?;
                         store_env.push(("SUBAGENTD_STORE__URL", db.url.clone()));
                         database = Some(db);
+                    }
+                    BenchStore::PostgresShared { url } => {
+                        store_env.push(("SUBAGENTD_STORE__URL", url.clone()));
                     }
                 }
                 let config = TempPath::new("config", ".toml");
@@ -263,6 +272,11 @@ impl ServerProcess {
         .await
         .with_context(|| format!("cannot scrape {url}"))?;
         parse_commit_counts(&body).with_context(|| format!("in the answer of {url}"))
+    }
+
+    /// The URL of the PostgreSQL database it created, for a standby of it.
+    pub fn database_url(&self) -> Option<&str> {
+        self.database.as_ref().map(|db| db.url.as_str())
     }
 
     /// The address it listens on.
@@ -550,7 +564,7 @@ impl BenchStore {
         match self {
             BenchStore::Memory => "memory",
             BenchStore::Embedded => "embedded",
-            BenchStore::Postgres { .. } => "postgres",
+            BenchStore::Postgres { .. } | BenchStore::PostgresShared { .. } => "postgres",
         }
     }
 }
