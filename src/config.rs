@@ -114,6 +114,8 @@ pub struct Config {
     /// `[ha]`: leader election among servers on one PostgreSQL store.
     /// Read at start only.
     pub ha: HaConfig,
+    /// `[auth]`: who may call; reloadable (keys also from `keys_dir`).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Default `[ha] lease_ttl`.
@@ -900,6 +902,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             store: StoreConfig::default(),
             ha: HaConfig::default(),
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }
@@ -1027,6 +1030,7 @@ impl Config {
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
+        self.auth.validate()?;
         let l = &self.limits;
         if l.max_background_agents < 1 {
             return Err(invalid(

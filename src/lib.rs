@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the layout and the path of one Spawn.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod ha;

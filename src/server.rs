@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 use tonic::service::interceptor::InterceptedService;
 
 use crate::{
+    api::auth::AuthLayer,
     api::deadline::DeadlineLayer,
     api::forward::{ForwardLayer, ForwardSettings, Route},
     api::gate::RecoveryGate,
@@ -20,6 +21,7 @@ use crate::{
         ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
         workers::WorkerServiceImpl,
     },
+    auth::Keyring,
     cli::ServeArgs,
     config::{Config, ConfigSource, StoreBackend},
     ha::{self, Elector, PgLease, Role, Timing},
@@ -59,6 +61,8 @@ pub struct ServerHandle {
     /// With PostgreSQL: the election, and the task that follows it (forward
     /// while a standby; recover and serve once elected; step down).
     ha: Option<HaHandle>,
+    /// The keys calls are checked against; SIGHUP reconfigures it.
+    keyring: Arc<Keyring>,
 }
 
 #[derive(Debug)]
@@ -133,6 +137,7 @@ impl ServerHandle {
         match self.source.load() {
             Ok(config) => {
                 self.scheduler.reconfigure(&config);
+                self.keyring.reconfigure(&config.auth);
                 info!(
                     source = %crate::config::describe(self.source.file.as_deref()),
                     "config reloaded"
@@ -214,10 +219,12 @@ impl ServerHandle {
 
 /// Starts a server for `config` (loaded from `source`, used again on reload).
 pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<ServerHandle> {
+    check_exposure(&config)?;
     let listener = TcpListener::bind(config.listen_addr())
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
+    let keyring = Arc::new(Keyring::new(&config.auth));
     let scheduler = Scheduler::with_runners(
         &config,
         crate::runner::builtin(Some(crate::runner::command::CommandRunner::local_api_url(
@@ -322,6 +329,10 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 // Inside the RPC layer, so what it counts and traces is the
                 // DEADLINE_EXCEEDED this one answers.
                 .layer(DeadlineLayer)
+                // Every call but health and reflection is authenticated
+                // here, a standby's before it forwards (the leader checks
+                // the same header again) and refusals counted above.
+                .layer(AuthLayer::new(keyring.shared()))
                 // A standby relays AgentService and WorkerService calls to
                 // the leader; counted and deadline-checked here as well.
                 .layer(tower::util::option_layer(forward))
@@ -399,6 +410,17 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         None
     };
     tasks.push(sweeper);
+    if !config.auth.keys_dir.is_empty() {
+        let keyring = keyring.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::auth::keyring::KEYS_DIR_POLL).await;
+                let keyring = keyring.clone();
+                // File reads: off the runtime's worker threads.
+                let _ = tokio::task::spawn_blocking(move || keyring.refresh()).await;
+            }
+        }));
+    }
     Ok(ServerHandle {
         addr,
         metrics_addr,
@@ -412,7 +434,36 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         writer,
         store_failed,
         ha,
+        keyring,
     })
+}
+
+/// Secure by default: without authentication, only loopback listeners,
+/// unless `[auth] allow_unauthenticated` says otherwise (then a warning at
+/// every start).
+fn check_exposure(config: &Config) -> anyhow::Result<()> {
+    let auth = &config.auth;
+    if auth.mode != crate::auth::AuthMode::None {
+        return Ok(());
+    }
+    let listen = config.listen_addr();
+    if listen.ip().is_loopback() {
+        return Ok(());
+    }
+    if !auth.allow_unauthenticated {
+        anyhow::bail!(
+            "refusing to listen on {listen} without authentication: anyone who reaches the port \
+             could read every prompt and result. Set [auth] mode = \"required\" with API keys \
+             (`subagentd keys new`), or listen on a loopback address, or set \
+             [auth] allow_unauthenticated = true to accept the risk"
+        );
+    }
+    warn!(
+        %listen,
+        "authentication is off ([auth] allow_unauthenticated = true) on a non-loopback address: \
+         anyone who reaches the port can read and control every agent"
+    );
+    Ok(())
 }
 
 async fn set_serving(health: &tonic_health::server::HealthReporter, serving: bool) {

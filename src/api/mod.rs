@@ -3,6 +3,7 @@
 //! service itself ([`service`]), and forwarding from a standby to the leader
 //! ([`forward`]).
 
+pub mod auth;
 pub mod convert;
 pub mod deadline;
 pub mod ending;

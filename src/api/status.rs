@@ -43,6 +43,10 @@ pub const REASON_NOT_AWAITING_APPROVAL: &str = "NOT_AWAITING_APPROVAL";
 pub const REASON_APPROVAL_MISMATCH: &str = "APPROVAL_MISMATCH";
 /// A WatchAgents subscriber fell behind its buffer.
 pub const REASON_WATCH_LAGGED: &str = "WATCH_LAGGED";
+/// No credential or a bad one (metadata `cause`).
+pub const REASON_UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+/// The caller's roles do not allow the call (metadata `required_roles`).
+pub const REASON_PERMISSION_DENIED: &str = "PERMISSION_DENIED";
 
 fn info(details: &mut ErrorDetails, reason: &str, metadata: &[(&str, String)]) {
     let metadata: HashMap<String, String> = metadata
@@ -248,6 +252,50 @@ impl From<Error> for Status {
                     "not the agent's pending approval",
                 );
                 Code::FailedPrecondition
+            }
+        };
+        Status::with_error_details(code, message, d)
+    }
+}
+
+impl From<crate::auth::AuthError> for Status {
+    fn from(err: crate::auth::AuthError) -> Self {
+        use crate::auth::AuthError;
+        let message = err.to_string();
+        let mut d = ErrorDetails::new();
+        let code = match &err {
+            AuthError::Unauthenticated(cause) => {
+                info(
+                    &mut d,
+                    REASON_UNAUTHENTICATED,
+                    &[("cause", cause.name().to_owned())],
+                );
+                Code::Unauthenticated
+            }
+            AuthError::PermissionDenied { method, required } => {
+                info(
+                    &mut d,
+                    REASON_PERMISSION_DENIED,
+                    &[
+                        ("method", method.clone()),
+                        ("required_roles", crate::auth::join(required)),
+                    ],
+                );
+                Code::PermissionDenied
+            }
+            AuthError::AgentTypesDenied { types } => {
+                info(
+                    &mut d,
+                    REASON_PERMISSION_DENIED,
+                    &[
+                        ("agent_types", types.join(",")),
+                        (
+                            "required_roles",
+                            crate::auth::Role::Worker.name().to_owned(),
+                        ),
+                    ],
+                );
+                Code::PermissionDenied
             }
         };
         Status::with_error_details(code, message, d)

@@ -43,6 +43,7 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         request: Request<Streaming<pb::ConnectRequest>>,
     ) -> Result<Response<ConnectStream>, Status> {
+        let principal = super::auth::principal(&request);
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::from(crate::scheduler::Error::invalid(
@@ -51,6 +52,15 @@ impl WorkerService for WorkerServiceImpl {
             ))
         })?;
         let (hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        let denied: Vec<String> = hello
+            .agents
+            .iter()
+            .filter(|t| !principal.may_serve(t))
+            .map(|t| t.to_string())
+            .collect();
+        if !denied.is_empty() {
+            return Err(crate::auth::AuthError::AgentTypesDenied { types: denied }.into());
+        }
         let name = hello.name.clone();
         let agents = hello.agents.join(",");
         let capacity = hello.capacity;

@@ -1,0 +1,104 @@
+//! The authentication layer: every call but health and reflection gets its
+//! principal here, from the `authorization` header, and is checked against
+//! the role policy before anything else sees it (a standby too, before it
+//! forwards: the leader then authenticates the same header again).
+//!
+//! The principal travels in the request's extensions, where handlers read
+//! it with [`principal`].
+
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use arc_swap::ArcSwap;
+use tonic::body::Body;
+use tower::{Layer, Service};
+
+use crate::auth::{self, policy, Authenticator, Principal};
+
+/// The current authenticator, swapped whole on reload.
+pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
+
+/// The layer (see the module docs).
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    auth: SharedAuthenticator,
+}
+
+impl AuthLayer {
+    /// Checks calls with whatever `auth` holds at the time of each call.
+    pub fn new(auth: SharedAuthenticator) -> Self {
+        Self { auth }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            auth: self.auth.clone(),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] wraps around the server's routes.
+#[derive(Debug, Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    auth: SharedAuthenticator,
+}
+
+impl<S> Service<http::Request<Body>> for AuthService<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::future::Ready<Result<http::Response<Body>, S::Error>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        use futures_util::future::Either;
+        let path = req.uri().path();
+        if policy::is_open(path) {
+            return Either::Left(self.inner.call(req));
+        }
+        let checked = self
+            .auth
+            .load()
+            .authenticate(
+                req.headers()
+                    .get(http::header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+            )
+            .and_then(|p| auth::authorize(&p, path).map(|()| p));
+        match checked {
+            Ok(principal) => {
+                req.extensions_mut().insert(principal);
+                Either::Left(self.inner.call(req))
+            }
+            Err(e) => Either::Right(std::future::ready(Ok(tonic::Status::from(e).into_http()))),
+        }
+    }
+}
+
+/// The caller of a request that passed [`AuthLayer`]; the anonymous
+/// principal when the layer is not in front (in-process tests of a
+/// service).
+pub fn principal<T>(request: &tonic::Request<T>) -> Principal {
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_else(Principal::anonymous)
+}

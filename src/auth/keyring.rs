@@ -1,0 +1,253 @@
+//! The keys a server accepts now: `[auth.keys]` plus the files of `[auth]
+//! keys_dir`, rebuilt into a fresh [`Authenticator`] whenever either
+//! changes and swapped in whole, so a call sees one consistent set.
+
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use super::{AuthConfig, Authenticator, KeyConfig};
+
+/// How often the keys directory is read again: twice within the 10 s in
+/// which a changed Secret must take effect.
+pub const KEYS_DIR_POLL: Duration = Duration::from_secs(5);
+
+/// The current authenticator, read by every call.
+pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Keyring {
+    state: Mutex<State>,
+    current: SharedAuthenticator,
+}
+
+#[derive(Debug)]
+struct State {
+    config: AuthConfig,
+    /// What the keys directory held at the last read (valid entries).
+    dir_keys: BTreeMap<String, KeyConfig>,
+    /// The files refused at the last read, by name, so each problem is
+    /// logged once, not at every poll.
+    refused: BTreeMap<String, String>,
+}
+
+impl Keyring {
+    /// The keyring of a validated `[auth]`, with its directory read now.
+    pub fn new(config: &AuthConfig) -> Self {
+        let (dir_keys, refused) = read_dir(&config.keys_dir);
+        log_refused(&BTreeMap::new(), &refused);
+        let current = Arc::new(ArcSwap::from_pointee(Authenticator::with_dir_keys(
+            config, &dir_keys,
+        )));
+        Self {
+            state: Mutex::new(State {
+                config: config.clone(),
+                dir_keys,
+                refused,
+            }),
+            current,
+        }
+    }
+
+    /// The authenticator calls use; it follows every change.
+    pub fn shared(&self) -> SharedAuthenticator {
+        self.current.clone()
+    }
+
+    /// A reloaded `[auth]` (SIGHUP): applied with its directory read again.
+    pub fn reconfigure(&self, config: &AuthConfig) {
+        let (dir_keys, refused) = read_dir(&config.keys_dir);
+        let mut state = self.state.lock();
+        log_refused(&state.refused, &refused);
+        state.config = config.clone();
+        state.dir_keys = dir_keys;
+        state.refused = refused;
+        self.current.store(Arc::new(Authenticator::with_dir_keys(
+            &state.config,
+            &state.dir_keys,
+        )));
+    }
+
+    /// Reads the keys directory again; swaps in a new authenticator when
+    /// what it holds changed. Returns whether it did.
+    pub fn refresh(&self) -> bool {
+        let dir = self.state.lock().config.keys_dir.clone();
+        if dir.is_empty() {
+            return false;
+        }
+        // Read without the lock: a slow volume must not stall a reload.
+        let (dir_keys, refused) = read_dir(&dir);
+        let mut state = self.state.lock();
+        if state.config.keys_dir != dir {
+            return false; // reconfigured meanwhile; that read is newer
+        }
+        log_refused(&state.refused, &refused);
+        state.refused = refused;
+        if state.dir_keys == dir_keys {
+            return false;
+        }
+        state.dir_keys = dir_keys;
+        let auth = Authenticator::with_dir_keys(&state.config, &state.dir_keys);
+        info!(keys = auth.key_count(), dir = %dir, "API keys changed in the keys directory");
+        self.current.store(Arc::new(auth));
+        true
+    }
+}
+
+fn log_refused(before: &BTreeMap<String, String>, now: &BTreeMap<String, String>) {
+    for (file, why) in now {
+        if before.get(file) != Some(why) {
+            warn!(file = %file, error = %why, "key file refused; that key is not accepted");
+        }
+    }
+}
+
+/// The valid key entries of `dir` by key id (the file name), and the
+/// refused files with the reason. Names starting with `.` are skipped:
+/// a mounted Secret keeps its versions in `..data` and `..<timestamp>`
+/// directories, and the visible names are symlinks through `..data`.
+/// A missing directory holds no keys (and says so).
+fn read_dir(dir: &str) -> (BTreeMap<String, KeyConfig>, BTreeMap<String, String>) {
+    let mut keys = BTreeMap::new();
+    let mut refused = BTreeMap::new();
+    if dir.is_empty() {
+        return (keys, refused);
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            refused.insert(
+                dir.to_owned(),
+                format!("cannot read the keys directory: {e}"),
+            );
+            return (keys, refused);
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = Path::new(dir).join(&name);
+        if !path.is_file() {
+            continue;
+        }
+        match read_key_file(&path, &name) {
+            Ok(key) => {
+                keys.insert(name, key);
+            }
+            Err(why) => {
+                refused.insert(path.display().to_string(), why);
+            }
+        }
+    }
+    (keys, refused)
+}
+
+fn read_key_file(path: &Path, id: &str) -> Result<KeyConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let key: KeyConfig = toml::from_str(&text).map_err(|e| format!("not a key entry: {e}"))?;
+    key.check(&format!("auth.keys_dir/{id}"), id)
+        .map_err(|e| e.to_string())?;
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{keys, AuthMode, Role};
+    use super::*;
+
+    fn entry(key: &str, tenant: &str) -> String {
+        format!(
+            "sha256 = \"{}\"\ntenant = \"{tenant}\"\nroles = [\"frontend\"]\n",
+            keys::digest_hex(&keys::digest(key))
+        )
+    }
+
+    fn header(key: &str) -> String {
+        format!("Bearer {key}")
+    }
+
+    #[test]
+    fn keys_come_and_go_with_the_files_of_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let k1 = keys::generate("k1").unwrap();
+        let k2 = keys::generate("k2").unwrap();
+        std::fs::write(dir.path().join("k1"), entry(&k1, "a")).unwrap();
+        let config = AuthConfig {
+            mode: AuthMode::Required,
+            keys_dir: dir.path().display().to_string(),
+            ..AuthConfig::default()
+        };
+        config.validate().unwrap();
+        let ring = Keyring::new(&config);
+        let auth = ring.shared();
+        let tenant = |key: &str| {
+            auth.load()
+                .authenticate(Some(header(key).as_bytes()))
+                .map(|p| p.tenant.to_string())
+        };
+        assert_eq!(tenant(&k1).unwrap(), "a");
+        assert!(tenant(&k2).is_err());
+        assert!(!ring.refresh(), "nothing changed");
+
+        std::fs::write(dir.path().join("k2"), entry(&k2, "b")).unwrap();
+        std::fs::remove_file(dir.path().join("k1")).unwrap();
+        // Hidden names (a Secret's ..data) and broken files are skipped.
+        std::fs::write(dir.path().join("..data"), "junk").unwrap();
+        std::fs::write(dir.path().join("k3"), "sha256 = 1").unwrap();
+        assert!(ring.refresh());
+        assert!(tenant(&k1).is_err(), "a removed key stops working");
+        assert_eq!(tenant(&k2).unwrap(), "b");
+        assert_eq!(auth.load().key_count(), 1);
+    }
+
+    #[test]
+    fn a_config_entry_wins_over_a_file_of_the_same_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let k1 = keys::generate("k1").unwrap();
+        std::fs::write(dir.path().join("k1"), entry(&k1, "from-file")).unwrap();
+        let config = AuthConfig {
+            mode: AuthMode::Required,
+            keys_dir: dir.path().display().to_string(),
+            keys: BTreeMap::from([(
+                "k1".to_owned(),
+                KeyConfig {
+                    sha256: keys::digest_hex(&keys::digest(&k1)),
+                    tenant: "from-config".into(),
+                    roles: vec![Role::Viewer],
+                    agent_types: None,
+                },
+            )]),
+            ..AuthConfig::default()
+        };
+        let ring = Keyring::new(&config);
+        let p = ring
+            .shared()
+            .load()
+            .authenticate(Some(header(&k1).as_bytes()))
+            .unwrap();
+        assert_eq!(&*p.tenant, "from-config");
+    }
+
+    #[test]
+    fn reconfigure_applies_a_new_mode_and_keys() {
+        let ring = Keyring::new(&AuthConfig::default());
+        let auth = ring.shared();
+        assert!(auth.load().authenticate(None).is_ok(), "mode none");
+        let k1 = keys::generate("k1").unwrap();
+        ring.reconfigure(&AuthConfig {
+            mode: AuthMode::Required,
+            keys: BTreeMap::from([("k1".to_owned(), toml::from_str(&entry(&k1, "a")).unwrap())]),
+            ..AuthConfig::default()
+        });
+        assert!(auth.load().authenticate(None).is_err());
+        assert!(auth
+            .load()
+            .authenticate(Some(header(&k1).as_bytes()))
+            .is_ok());
+    }
+}

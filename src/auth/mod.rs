@@ -1,0 +1,553 @@
+//! Who is calling: `[auth]` config, credentials, principals and the role
+//! policy. Knows nothing of tonic: `api::auth` reads the request headers,
+//! calls [`Authenticator::authenticate`] and answers the errors.
+
+pub mod keyring;
+pub mod keys;
+pub mod policy;
+
+pub use self::keyring::{Keyring, SharedAuthenticator};
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{invalid, ConfigError};
+
+/// `[auth] mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// No credential is asked for; every caller is the anonymous
+    /// principal of tenant [`DEFAULT_TENANT`] with every role.
+    #[default]
+    None,
+    /// Every call but health and reflection needs a credential one of the
+    /// configured methods accepts.
+    Required,
+}
+
+/// A role, as `[auth.keys.ID] roles` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Status, Await, WatchAgents.
+    Viewer,
+    /// Viewer, and Spawn, Cancel, Steer.
+    Frontend,
+    /// Viewer, and Approve.
+    Approver,
+    /// WorkerService.Connect for its agent types.
+    Worker,
+    /// Reads, watches, cancels and approves across tenants.
+    Admin,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 5] = [
+        Role::Viewer,
+        Role::Frontend,
+        Role::Approver,
+        Role::Worker,
+        Role::Admin,
+    ];
+
+    /// The name config and errors use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Frontend => "frontend",
+            Role::Approver => "approver",
+            Role::Worker => "worker",
+            Role::Admin => "admin",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A set of roles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Roles(u8);
+
+impl Roles {
+    /// Every role (the anonymous principal of mode `"none"`).
+    pub fn all() -> Self {
+        Role::ALL.into_iter().collect()
+    }
+
+    /// Whether `role` is in the set.
+    pub fn has(self, role: Role) -> bool {
+        self.0 & role.bit() != 0
+    }
+
+    /// Whether any of `roles` is in the set.
+    pub fn any_of(self, roles: &[Role]) -> bool {
+        roles.iter().any(|r| self.has(*r))
+    }
+}
+
+impl FromIterator<Role> for Roles {
+    fn from_iter<I: IntoIterator<Item = Role>>(iter: I) -> Self {
+        Self(iter.into_iter().fold(0, |bits, r| bits | r.bit()))
+    }
+}
+
+/// The tenant of every agent when authentication is off.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Who is calling: the tenant comes only from the credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The tenant the caller acts in.
+    pub tenant: Arc<str>,
+    /// What it may do.
+    pub roles: Roles,
+    /// For logs: `key:<key id>`, or `anonymous`.
+    pub name: Arc<str>,
+    /// For workers: the agent types it may serve (None = every type).
+    pub agent_types: Option<Arc<[String]>>,
+}
+
+impl Principal {
+    /// The caller of a server without authentication.
+    pub fn anonymous() -> Self {
+        Self {
+            tenant: DEFAULT_TENANT.into(),
+            roles: Roles::all(),
+            name: "anonymous".into(),
+            agent_types: None,
+        }
+    }
+
+    /// Whether a worker with this principal may serve `agent_type`.
+    pub fn may_serve(&self, agent_type: &str) -> bool {
+        self.agent_types
+            .as_deref()
+            .is_none_or(|types| types.iter().any(|t| t == agent_type))
+    }
+}
+
+/// Why a credential was refused: the `cause` metadata of UNAUTHENTICATED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// No credential.
+    Missing,
+    /// A well-formed credential nobody issued (or whose secret is wrong).
+    Unknown,
+    /// Not a credential of any accepted shape.
+    Malformed,
+    /// Past its expiry.
+    Expired,
+    /// Well-formed but not valid (signature, issuer, audience, …).
+    Invalid,
+}
+
+impl Cause {
+    /// The metadata value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::Missing => "missing",
+            Cause::Unknown => "unknown",
+            Cause::Malformed => "malformed",
+            Cause::Expired => "expired",
+            Cause::Invalid => "invalid",
+        }
+    }
+}
+
+/// A refused call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No credential or a bad one.
+    #[error("{}", unauthenticated_message(*.0))]
+    Unauthenticated(Cause),
+    /// The principal lacks every role the method needs.
+    #[error(
+        "{method} needs one of the roles {}; the caller has none of them",
+        join(required)
+    )]
+    PermissionDenied {
+        /// The gRPC path.
+        method: String,
+        /// The roles that may call it (empty: nobody may).
+        required: &'static [Role],
+    },
+    /// A worker hello named agent types its credential does not cover.
+    #[error("this worker's credential may not serve the agent types {}", .types.join(", "))]
+    AgentTypesDenied {
+        /// The types it may not serve.
+        types: Vec<String>,
+    },
+}
+
+fn unauthenticated_message(cause: Cause) -> &'static str {
+    match cause {
+        Cause::Missing => "this call needs a credential: send `authorization: Bearer <key>`",
+        Cause::Unknown => "the credential is not known (wrong key id or secret, or revoked)",
+        Cause::Malformed => {
+            "the credential is malformed: expected `authorization: Bearer sa_<key id>_<secret>`"
+        }
+        Cause::Expired => "the credential has expired",
+        Cause::Invalid => "the credential is not valid",
+    }
+}
+
+/// Comma-separated role names, as `required_roles` lists them.
+pub fn join(roles: &[Role]) -> String {
+    roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(",")
+}
+
+/// `[auth.keys.KEY_ID]`: one API key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// Lower-case hex SHA-256 of the whole key (`sa_<key_id>_<secret>`).
+    pub sha256: String,
+    /// The tenant the key acts in.
+    pub tenant: String,
+    /// What it may do.
+    pub roles: Vec<Role>,
+    /// For workers: the agent types it may serve (absent = every type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_types: Option<Vec<String>>,
+}
+
+/// `[auth]` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `"none"` (default) or `"required"`.
+    pub mode: AuthMode,
+    /// With mode `"none"`, allow listening on a non-loopback address.
+    pub allow_unauthenticated: bool,
+    /// API keys by key id.
+    pub keys: BTreeMap<String, KeyConfig>,
+    /// A directory with one file per key, named by its key id, holding the
+    /// fields of `[auth.keys.KEY_ID]` as TOML (a mounted Kubernetes
+    /// Secret). Re-read every few seconds and on SIGHUP. Empty: none.
+    pub keys_dir: String,
+}
+
+/// Longest accepted tenant name, in bytes.
+pub const MAX_TENANT_BYTES: usize = 64;
+
+/// Whether `name` is a valid tenant name: 1 to 64 ASCII letters, digits,
+/// `-`, `_` or `.`.
+pub fn is_tenant_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TENANT_BYTES
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl KeyConfig {
+    /// Checks the entry of key `id`; errors name `at` (its config key or
+    /// file).
+    pub fn check(&self, at: &str, id: &str) -> Result<(), ConfigError> {
+        let field = |f: &str| format!("{at}.{f}");
+        if !keys::is_key_id(id) {
+            return Err(invalid(
+                at,
+                format!(
+                    "key ids are 1 to {} ASCII letters and digits",
+                    keys::MAX_KEY_ID_BYTES
+                ),
+            ));
+        }
+        if keys::parse_digest_hex(&self.sha256).is_none() {
+            return Err(invalid(
+                field("sha256"),
+                "must be the 64 hex digits of the key's SHA-256 digest \
+                 (`subagentd keys new` prints it)",
+            ));
+        }
+        if !is_tenant_name(&self.tenant) {
+            return Err(invalid(
+                field("tenant"),
+                format!(
+                    "must be 1 to {MAX_TENANT_BYTES} ASCII letters, digits, '-', '_' or '.' \
+                     (got {:?})",
+                    self.tenant
+                ),
+            ));
+        }
+        if self.roles.is_empty() {
+            return Err(invalid(field("roles"), "must name at least one role"));
+        }
+        if self.agent_types.as_ref().is_some_and(|t| t.is_empty()) {
+            return Err(invalid(
+                field("agent_types"),
+                "must name at least one agent type (leave it out for every type)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AuthConfig {
+    /// Checks every rule; the error names the first broken key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (id, key) in &self.keys {
+            key.check(&format!("auth.keys.{id}"), id)?;
+        }
+        if self.mode == AuthMode::Required && self.keys.is_empty() && self.keys_dir.is_empty() {
+            return Err(invalid(
+                "auth.mode",
+                "\"required\" needs a credential method: [auth.keys.KEY_ID] entries or \
+                 [auth] keys_dir",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One API key as the server checks it.
+#[derive(Debug)]
+struct KeyEntry {
+    digest: keys::KeyDigest,
+    principal: Principal,
+}
+
+/// Checks credentials against a validated `[auth]` config. Cheap to share:
+/// the server holds one behind an `Arc` and swaps it on reload.
+#[derive(Debug)]
+pub struct Authenticator {
+    mode: AuthMode,
+    keys: BTreeMap<String, KeyEntry>,
+    /// Mode `"none"`'s principal, made once (not per call).
+    anonymous: Principal,
+}
+
+/// Compared against when a key id is unknown, so that an unknown id costs
+/// what a wrong secret costs.
+const NO_DIGEST: keys::KeyDigest = [0; 32];
+
+impl Authenticator {
+    /// An authenticator for `config` (already validated) and no keys
+    /// directory.
+    pub fn new(config: &AuthConfig) -> Self {
+        Self::with_dir_keys(config, &BTreeMap::new())
+    }
+
+    /// An authenticator for `config` (already validated) and the valid
+    /// entries read from its keys directory; `[auth.keys]` wins over a file
+    /// of the same key id.
+    pub fn with_dir_keys(config: &AuthConfig, dir_keys: &BTreeMap<String, KeyConfig>) -> Self {
+        let keys = dir_keys
+            .iter()
+            .filter(|(id, _)| !config.keys.contains_key(*id))
+            .chain(&config.keys)
+            .filter_map(|(id, key)| {
+                let digest = keys::parse_digest_hex(&key.sha256)?;
+                let principal = Principal {
+                    tenant: key.tenant.as_str().into(),
+                    roles: key.roles.iter().copied().collect(),
+                    name: format!("key:{id}").into(),
+                    agent_types: key.agent_types.clone().map(Into::into),
+                };
+                Some((id.clone(), KeyEntry { digest, principal }))
+            })
+            .collect();
+        Self {
+            mode: config.mode,
+            keys,
+            anonymous: Principal::anonymous(),
+        }
+    }
+
+    /// Whether calls need a credential.
+    pub fn required(&self) -> bool {
+        self.mode == AuthMode::Required
+    }
+
+    /// How many keys it accepts.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The principal of a call whose `authorization` header is
+    /// `authorization` (None: absent).
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, AuthError> {
+        if self.mode == AuthMode::None {
+            return Ok(self.anonymous.clone());
+        }
+        let header = authorization.ok_or(AuthError::Unauthenticated(Cause::Missing))?;
+        let token = std::str::from_utf8(header)
+            .ok()
+            .and_then(bearer_token)
+            .ok_or(AuthError::Unauthenticated(Cause::Malformed))?;
+        let parsed = keys::parse(token).ok_or(AuthError::Unauthenticated(Cause::Malformed))?;
+        let presented = keys::digest(parsed.whole);
+        let entry = self.keys.get(parsed.key_id);
+        let expected = entry.map_or(&NO_DIGEST, |e| &e.digest);
+        match entry {
+            Some(entry) if keys::digests_equal(&presented, expected) => Ok(entry.principal.clone()),
+            _ => {
+                // Same work for an unknown id as for a wrong secret.
+                let _ = keys::digests_equal(&presented, expected);
+                Err(AuthError::Unauthenticated(Cause::Unknown))
+            }
+        }
+    }
+}
+
+/// The token of `Bearer <token>` (the scheme is case-insensitive, RFC 9110).
+fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    let token = token.trim_start();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Checks that `principal` may call `path` ([`policy::POLICY`]).
+pub fn authorize(principal: &Principal, path: &str) -> Result<(), AuthError> {
+    let required = policy::roles_for(path);
+    if principal.roles.any_of(required) {
+        Ok(())
+    } else {
+        Err(AuthError::PermissionDenied {
+            method: path.to_owned(),
+            required,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with(key: &str, roles: Vec<Role>) -> AuthConfig {
+        let id = keys::parse(key).unwrap().key_id.to_owned();
+        AuthConfig {
+            mode: AuthMode::Required,
+            allow_unauthenticated: false,
+            keys_dir: String::new(),
+            keys: BTreeMap::from([(
+                id,
+                KeyConfig {
+                    sha256: keys::digest_hex(&keys::digest(key)),
+                    tenant: "team-a".into(),
+                    roles,
+                    agent_types: None,
+                },
+            )]),
+        }
+    }
+
+    #[test]
+    fn a_configured_key_authenticates_as_its_principal() {
+        let key = keys::generate("k1").unwrap();
+        let config = config_with(&key, vec![Role::Frontend]);
+        config.validate().unwrap();
+        let auth = Authenticator::new(&config);
+        let header = format!("Bearer {key}");
+        let p = auth.authenticate(Some(header.as_bytes())).unwrap();
+        assert_eq!(&*p.tenant, "team-a");
+        assert_eq!(&*p.name, "key:k1");
+        assert!(p.roles.has(Role::Frontend) && !p.roles.has(Role::Admin));
+        let lower = format!("bearer {key}");
+        assert!(auth.authenticate(Some(lower.as_bytes())).is_ok());
+    }
+
+    #[test]
+    fn refusals_name_their_cause() {
+        let key = keys::generate("k1").unwrap();
+        let auth = Authenticator::new(&config_with(&key, vec![Role::Viewer]));
+        let cause = |h: Option<&str>| match auth.authenticate(h.map(str::as_bytes)) {
+            Err(AuthError::Unauthenticated(c)) => c,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(cause(None), Cause::Missing);
+        assert_eq!(cause(Some(&key)), Cause::Malformed, "no Bearer scheme");
+        assert_eq!(cause(Some("Basic abc")), Cause::Malformed);
+        assert_eq!(cause(Some("Bearer sa_k1_short")), Cause::Malformed);
+        let other_secret = keys::generate("k1").unwrap();
+        assert_eq!(
+            cause(Some(&format!("Bearer {other_secret}"))),
+            Cause::Unknown
+        );
+        let other_id = keys::generate("k2").unwrap();
+        assert_eq!(cause(Some(&format!("Bearer {other_id}"))), Cause::Unknown);
+    }
+
+    #[test]
+    fn mode_none_is_the_anonymous_principal_with_every_role() {
+        let auth = Authenticator::new(&AuthConfig::default());
+        let p = auth.authenticate(None).unwrap();
+        assert_eq!(p, Principal::anonymous());
+        for (path, _) in policy::POLICY {
+            authorize(&p, path).unwrap();
+        }
+    }
+
+    #[test]
+    fn authorize_lists_the_roles_a_method_needs() {
+        let p = Principal {
+            roles: [Role::Viewer].into_iter().collect(),
+            ..Principal::anonymous()
+        };
+        authorize(&p, "/subagents.v1.AgentService/Status").unwrap();
+        let err = authorize(&p, "/subagents.v1.AgentService/Spawn").unwrap_err();
+        assert_eq!(
+            err,
+            AuthError::PermissionDenied {
+                method: "/subagents.v1.AgentService/Spawn".into(),
+                required: &[Role::Frontend, Role::Admin],
+            }
+        );
+        assert!(err.to_string().contains("frontend,admin"));
+        assert!(authorize(&Principal::anonymous(), "/x.Y/Z").is_err());
+    }
+
+    #[test]
+    fn config_rules() {
+        let key = keys::generate("k1").unwrap();
+        let good = config_with(&key, vec![Role::Worker]);
+        good.validate().unwrap();
+        let broken = |f: &dyn Fn(&mut KeyConfig)| {
+            let mut c = good.clone();
+            f(c.keys.get_mut("k1").unwrap());
+            c.validate().unwrap_err().to_string()
+        };
+        assert!(broken(&|k| k.sha256 = "abc".into()).contains("auth.keys.k1.sha256"));
+        assert!(broken(&|k| k.tenant = "a b".into()).contains("auth.keys.k1.tenant"));
+        assert!(broken(&|k| k.roles.clear()).contains("auth.keys.k1.roles"));
+        assert!(broken(&|k| k.agent_types = Some(vec![])).contains("agent_types"));
+        let mut bad_id = good.clone();
+        let entry = bad_id.keys.remove("k1").unwrap();
+        bad_id.keys.insert("k-1".into(), entry);
+        assert!(bad_id
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("auth.keys.k-1"));
+        let empty = AuthConfig {
+            mode: AuthMode::Required,
+            ..AuthConfig::default()
+        };
+        assert!(empty
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("auth.mode"));
+    }
+
+    #[test]
+    fn worker_agent_types_limit_what_it_serves() {
+        let mut p = Principal::anonymous();
+        assert!(p.may_serve("anything"));
+        p.agent_types = Some(vec!["coder".to_owned()].into());
+        assert!(p.may_serve("coder"));
+        assert!(!p.may_serve("writer"));
+    }
+}

@@ -1,0 +1,502 @@
+//! Authentication and roles over loopback gRPC: API keys from the config
+//! and from a keys directory, UNAUTHENTICATED with its cause,
+//! PERMISSION_DENIED with the roles a method needs, open health and
+//! reflection, worker keys limited to their agent types, and the refusal
+//! to listen unauthenticated on a non-loopback address.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{bg, error_info, TestServer};
+use subagentd::{
+    auth::keys,
+    config::{Config, ConfigSource},
+    pb::{self, connect_request, worker_service_client::WorkerServiceClient},
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{transport::Channel, Code, Request};
+
+/// A key (generated per run) and its config entry.
+struct Key {
+    key: String,
+    entry: String,
+}
+
+fn key(id: &str, tenant: &str, roles: &[&str], agent_types: Option<&[&str]>) -> Key {
+    let key = keys::generate(id).unwrap();
+    let roles: Vec<String> = roles.iter().map(|r| format!("{r:?}")).collect();
+    let mut entry = format!(
+        "sha256 = \"{}\"\ntenant = \"{tenant}\"\nroles = [{}]\n",
+        keys::digest_hex(&keys::digest(&key)),
+        roles.join(", ")
+    );
+    if let Some(types) = agent_types {
+        let types: Vec<String> = types.iter().map(|t| format!("{t:?}")).collect();
+        entry.push_str(&format!("agent_types = [{}]\n", types.join(", ")));
+    }
+    Key { key, entry }
+}
+
+fn config(keys: &[(&str, &Key)], extra: &str) -> String {
+    let mut toml = String::from(
+        r#"
+[limits]
+max_background_agents = 20
+
+[agents.simulated]
+runner = "simulated"
+
+[agents.coder]
+runner = "worker"
+
+[agents.writer]
+runner = "worker"
+
+[auth]
+mode = "required"
+"#,
+    );
+    toml.push_str(extra);
+    for (id, k) in keys {
+        toml.push_str(&format!("\n[auth.keys.{id}]\n{}", k.entry));
+    }
+    toml
+}
+
+fn with_key<T>(message: T, key: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
+
+fn with_header<T>(message: T, value: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", value.parse().unwrap());
+    request
+}
+
+fn status_req() -> pb::StatusRequest {
+    pb::StatusRequest::default()
+}
+
+fn assert_unauthenticated(status: &tonic::Status, cause: &str) {
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let (reason, meta) = error_info(status);
+    assert_eq!(reason, "UNAUTHENTICATED");
+    assert_eq!(
+        meta.get("cause").map(String::as_str),
+        Some(cause),
+        "{meta:?}"
+    );
+}
+
+fn assert_denied(status: &tonic::Status, required: &str) {
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let (reason, meta) = error_info(status);
+    assert_eq!(reason, "PERMISSION_DENIED");
+    assert_eq!(
+        meta.get("required_roles").map(String::as_str),
+        Some(required),
+        "{meta:?}"
+    );
+}
+
+#[tokio::test]
+async fn calls_without_a_valid_key_are_unauthenticated_with_their_cause() {
+    let front = key("front", "team-a", &["frontend"], None);
+    let s = TestServer::start(&config(&[("front", &front)], "")).await;
+    let mut c = s.client.clone();
+
+    let missing = c.status(status_req()).await.unwrap_err();
+    assert_unauthenticated(&missing, "missing");
+    let spawn = c.spawn(bg("openai/gpt-4o", "hi")).await.unwrap_err();
+    assert_unauthenticated(&spawn, "missing");
+
+    for bad in [
+        front.key.clone(),                 // no scheme
+        "Basic dXNlcjpwYXNz".to_owned(),   // another scheme
+        "Bearer sa_front_tooshort".into(), // not a key's shape
+        "Bearer eyJhbGciOi.x.y".into(),    // not a key at all
+    ] {
+        let err = c.status(with_header(status_req(), &bad)).await.unwrap_err();
+        assert_unauthenticated(&err, "malformed");
+    }
+
+    // A wrong secret for a known id and an unknown id: the same answer.
+    let wrong_secret = keys::generate("front").unwrap();
+    let unknown_id = keys::generate("nobody").unwrap();
+    let a = c
+        .status(with_key(status_req(), &wrong_secret))
+        .await
+        .unwrap_err();
+    let b = c
+        .status(with_key(status_req(), &unknown_id))
+        .await
+        .unwrap_err();
+    assert_unauthenticated(&a, "unknown");
+    assert_unauthenticated(&b, "unknown");
+    assert_eq!(a.message(), b.message());
+    assert_eq!(a.details(), b.details());
+    // The secret is never echoed.
+    let secret = &wrong_secret["sa_front_".len()..];
+    assert!(!a.message().contains(secret));
+
+    // The right key works.
+    let agent = c
+        .spawn(with_key(bg("openai/gpt-4o", "hi"), &front.key))
+        .await
+        .expect("a frontend key spawns")
+        .into_inner()
+        .agent
+        .unwrap();
+    let listed = c
+        .status(with_key(
+            pb::StatusRequest {
+                ids: vec![agent.id.clone()],
+                ..Default::default()
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.agents.len(), 1);
+}
+
+#[tokio::test]
+async fn each_role_calls_only_its_methods() {
+    let viewer = key("viewer", "team-a", &["viewer"], None);
+    let front = key("front", "team-a", &["frontend"], None);
+    let approver = key("appr", "team-a", &["approver"], None);
+    let admin = key("admin", "team-a", &["admin"], None);
+    let worker = key("worker", "team-a", &["worker"], None);
+    let s = TestServer::start(&config(
+        &[
+            ("viewer", &viewer),
+            ("front", &front),
+            ("appr", &approver),
+            ("admin", &admin),
+            ("worker", &worker),
+        ],
+        "",
+    ))
+    .await;
+    let mut c = s.client.clone();
+    let target = c
+        .spawn(with_key(
+            pb::SpawnRequest {
+                prompt: "sleep 60000".into(),
+                ..bg("openai/gpt-4o", "")
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let id = target.id.clone();
+
+    // Readers: every role but worker.
+    for k in [&viewer, &front, &approver, &admin] {
+        c.status(with_key(status_req(), &k.key)).await.unwrap();
+        let awaited = c
+            .r#await(with_key(
+                pb::AwaitRequest {
+                    ids: vec![id.clone()],
+                    timeout: Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: 1_000_000,
+                    }),
+                    ..Default::default()
+                },
+                &k.key,
+            ))
+            .await;
+        assert!(awaited.is_ok(), "{awaited:?}");
+        let watch = c
+            .watch_agents(with_key(
+                pb::WatchAgentsRequest {
+                    ids: vec![id.clone()],
+                    include_snapshot: true,
+                    ..Default::default()
+                },
+                &k.key,
+            ))
+            .await;
+        assert!(watch.is_ok(), "{watch:?}");
+    }
+    let err = c
+        .status(with_key(status_req(), &worker.key))
+        .await
+        .unwrap_err();
+    assert_denied(&err, "viewer,frontend,approver,admin");
+
+    // Spawn: frontend and admin.
+    for k in [&viewer, &approver, &worker] {
+        let err = c
+            .spawn(with_key(bg("openai/gpt-4o", "hi"), &k.key))
+            .await
+            .unwrap_err();
+        assert_denied(&err, "frontend,admin");
+    }
+    c.spawn(with_key(bg("openai/gpt-4o", "hi"), &admin.key))
+        .await
+        .expect("admin spawns");
+
+    // Steer: frontend only.
+    let steer = |key: &str| {
+        with_key(
+            pb::SteerRequest {
+                id: id.clone(),
+                message: "go on".into(),
+            },
+            key,
+        )
+    };
+    for k in [&viewer, &approver, &admin, &worker] {
+        let err = c.steer(steer(&k.key)).await.unwrap_err();
+        assert_denied(&err, "frontend");
+    }
+    c.steer(steer(&front.key)).await.expect("frontend steers");
+
+    // Approve: approver and admin. The agent awaits no approval, so an
+    // allowed caller gets past the policy to FAILED_PRECONDITION.
+    let approve = |key: &str| {
+        with_key(
+            pb::ApproveRequest {
+                id: id.clone(),
+                approval_id: uuid::Uuid::now_v7().to_string(),
+                decision: pb::ApprovalDecision::Approve as i32,
+                ..Default::default()
+            },
+            key,
+        )
+    };
+    for k in [&viewer, &front, &worker] {
+        let err = c.approve(approve(&k.key)).await.unwrap_err();
+        assert_denied(&err, "approver,admin");
+    }
+    for k in [&approver, &admin] {
+        let err = c.approve(approve(&k.key)).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    }
+
+    // Cancel: frontend and admin.
+    let cancel = |key: &str| {
+        with_key(
+            pb::CancelRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            key,
+        )
+    };
+    for k in [&viewer, &approver, &worker] {
+        let err = c.cancel(cancel(&k.key)).await.unwrap_err();
+        assert_denied(&err, "frontend,admin");
+    }
+    let cancelled = c.cancel(cancel(&admin.key)).await.unwrap().into_inner();
+    assert_eq!(cancelled.agents.len(), 1);
+}
+
+#[tokio::test]
+async fn health_and_reflection_need_no_credential() {
+    let front = key("front", "team-a", &["frontend"], None);
+    let s = TestServer::start(&config(&[("front", &front)], "")).await;
+    let channel = Channel::from_shared(format!("http://{}", s.handle.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let serving = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: subagentd::server::SERVICE_NAME.into(),
+        })
+        .await
+        .expect("health needs no credential")
+        .into_inner();
+    assert_eq!(
+        serving.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    let mut reflection = ServerReflectionClient::new(channel);
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        }]))
+        .await
+        .expect("reflection needs no credential")
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("{answer:?}");
+    };
+    assert!(list
+        .service
+        .iter()
+        .any(|s| s.name == "subagents.v1.AgentService"));
+}
+
+async fn open_worker(
+    addr: std::net::SocketAddr,
+    key: &str,
+    agents: &[&str],
+) -> Result<tonic::Streaming<pb::ConnectResponse>, tonic::Status> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tx.send(pb::ConnectRequest {
+        message: Some(connect_request::Message::Hello(pb::WorkerHello {
+            name: "w".into(),
+            agents: agents.iter().map(|a| (*a).into()).collect(),
+            capacity: 1,
+            ..Default::default()
+        })),
+    })
+    .unwrap();
+    // The sender stays open for the session's life (leaked on purpose:
+    // the test ends with the server).
+    std::mem::forget(tx);
+    let mut stream = WorkerServiceClient::new(channel)
+        .connect(with_key(UnboundedReceiverStream::new(rx), key))
+        .await?
+        .into_inner();
+    // The welcome, or the refusal of the hello.
+    match stream.message().await? {
+        Some(_) => Ok(stream),
+        None => panic!("the session ended without an answer"),
+    }
+}
+
+#[tokio::test]
+async fn worker_keys_serve_only_their_agent_types() {
+    let coder = key("coder", "team-a", &["worker"], Some(&["coder"]));
+    let any = key("any", "team-a", &["worker"], None);
+    let front = key("front", "team-a", &["frontend"], None);
+    let s = TestServer::start(&config(
+        &[("coder", &coder), ("any", &any), ("front", &front)],
+        "",
+    ))
+    .await;
+    let addr = s.handle.addr();
+    open_worker(addr, &coder.key, &["coder"])
+        .await
+        .expect("its own type");
+    let err = open_worker(addr, &coder.key, &["coder", "writer"])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "PERMISSION_DENIED");
+    assert_eq!(meta.get("agent_types").map(String::as_str), Some("writer"));
+    open_worker(addr, &any.key, &["coder", "writer"])
+        .await
+        .expect("a key without agent_types serves every type");
+    let err = open_worker(addr, &front.key, &["coder"]).await.unwrap_err();
+    assert_denied(&err, "worker");
+}
+
+#[tokio::test]
+async fn keys_dir_entries_take_effect_on_reload_and_within_ten_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = key("first", "team-a", &["viewer"], None);
+    std::fs::write(dir.path().join("first"), &first.entry).unwrap();
+    let toml = config(
+        &[],
+        &format!("keys_dir = {:?}\n", dir.path().display().to_string()),
+    );
+    let s = TestServer::start_with_file(&toml).await;
+    let mut c = s.client.clone();
+    c.status(with_key(status_req(), &first.key))
+        .await
+        .expect("a key from the directory");
+
+    // SIGHUP re-reads at once.
+    let second = key("second", "team-a", &["viewer"], None);
+    std::fs::write(dir.path().join("second"), &second.entry).unwrap();
+    std::fs::remove_file(dir.path().join("first")).unwrap();
+    s.handle.reload().expect("reload");
+    c.status(with_key(status_req(), &second.key))
+        .await
+        .expect("added key works after reload");
+    let err = c
+        .status(with_key(status_req(), &first.key))
+        .await
+        .unwrap_err();
+    assert_unauthenticated(&err, "unknown");
+
+    // Without a signal: a Secret's atomic swap (new ..data target, the
+    // visible names are symlinks through it) is seen within 10 s.
+    let third = key("third", "team-a", &["viewer"], None);
+    let v1 = dir.path().join("..v1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::write(v1.join("third"), &third.entry).unwrap();
+    std::os::unix::fs::symlink("..v1", dir.path().join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/third", dir.path().join("third")).unwrap();
+    std::fs::remove_file(dir.path().join("second")).unwrap();
+    let since = Instant::now();
+    loop {
+        match c.status(with_key(status_req(), &third.key)).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_unauthenticated(&e, "unknown");
+                assert!(
+                    since.elapsed() < Duration::from_secs(10),
+                    "a new key file was not seen within 10 s"
+                );
+                // Polling the outcome, not waiting for a guess of it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let err = c
+        .status(with_key(status_req(), &second.key))
+        .await
+        .unwrap_err();
+    assert_unauthenticated(&err, "unknown");
+}
+
+#[tokio::test]
+async fn unauthenticated_serving_stays_on_loopback_unless_allowed() {
+    let start = |toml: &str| {
+        let mut config: Config = ConfigSource::from_toml_str(toml).unwrap();
+        config.server.listen = "0.0.0.0:0".into();
+        config.telemetry.metrics_listen = String::new();
+        config.store.backend = subagentd::config::StoreBackend::Memory;
+        subagentd::server::start(config, ConfigSource::default())
+    };
+    let Err(refused) = start("").await else {
+        panic!("an unauthenticated server started on 0.0.0.0");
+    };
+    let message = format!("{refused:#}");
+    assert!(message.contains("without authentication"), "{message}");
+    assert!(message.contains("allow_unauthenticated"), "{message}");
+
+    let allowed = start("[auth]\nallow_unauthenticated = true\n")
+        .await
+        .expect("explicitly allowed");
+    allowed.shutdown().await.unwrap();
+
+    let front = key("front", "team-a", &["frontend"], None);
+    let required = start(&config(&[("front", &front)], ""))
+        .await
+        .expect("authenticated serving may listen anywhere");
+    required.shutdown().await.unwrap();
+}
