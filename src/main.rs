@@ -22,6 +22,7 @@ async fn main() -> ExitCode {
         Command::Worker(args) => subagentd::worker::run(args)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Keys(command) => subagentd::cli::keys::run(command).map(|()| ExitCode::SUCCESS),
         command => client::run(command).await,
     };
     outcome.unwrap_or_else(|e| {

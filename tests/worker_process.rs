@@ -334,3 +334,69 @@ async fn a_worker_config_the_server_does_not_match_is_refused_and_the_worker_exi
     let status = worker.exit_status().await;
     assert_eq!(status.code(), Some(1), "refused for good, not retried");
 }
+
+/// A worker key in a server with `[auth] mode = "required"`: the worker
+/// sends it (`SUBAGENTD_TOKEN`) and serves its types; without it the
+/// server refuses the session and the worker exits 1.
+#[tokio::test]
+async fn a_worker_authenticates_with_its_key_and_without_one_is_refused() {
+    use subagentd::auth::keys;
+    let worker_key = keys::generate("w1").unwrap();
+    let front_key = keys::generate("f1").unwrap();
+    let entry = |key: &str, roles: &str| {
+        format!(
+            "sha256 = \"{}\"\ntenant = \"t\"\nroles = [{roles}]\n",
+            keys::digest_hex(&keys::digest(key))
+        )
+    };
+    let auth = format!(
+        "[auth]\nmode = \"required\"\n\n[auth.keys.w1]\n{}agent_types = [\"script\"]\n\n[auth.keys.f1]\n{}",
+        entry(&worker_key, "\"worker\""),
+        entry(&front_key, "\"frontend\""),
+    );
+    let server = ChildServer::start(&server_toml(&auth, &["script"]), &[]).await;
+
+    let refused = ChildWorker::start_unconnected(&server.addr, &worker_toml("", &[SCRIPT]));
+    assert_eq!(
+        refused.exit_status().await.code(),
+        Some(1),
+        "no key: refused for good"
+    );
+
+    let mut worker = ChildWorker::start_unconnected_with_env(
+        &server.addr,
+        &worker_toml("", &[SCRIPT]),
+        &[("SUBAGENTD_TOKEN", &worker_key)],
+    );
+    worker.connected().await;
+    let mut client = server.client().await;
+    let mut request = tonic::Request::new(bg("script", "output done"));
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {front_key}").parse().unwrap(),
+    );
+    let agent = client
+        .spawn(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let mut wait = tonic::Request::new(pb::AwaitRequest {
+        ids: vec![agent.id.clone()],
+        ..Default::default()
+    });
+    wait.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {front_key}").parse().unwrap(),
+    );
+    let done = client
+        .r#await(wait)
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .remove(0);
+    assert_eq!(done.status(), pb::AgentStatus::Done, "{done:?}");
+    assert_eq!(done.result, "done");
+}

@@ -11,7 +11,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tonic::transport::{Channel, Endpoint};
+use tonic::{
+    service::interceptor::InterceptedService,
+    transport::{Channel, Endpoint},
+};
 
 use super::{output, Command};
 use crate::pb;
@@ -42,7 +45,36 @@ pub struct ClientArgs {
     /// names, enums as names, RFC 3339 timestamps).
     #[arg(long)]
     pub json: bool,
+    /// API key sent as `authorization: Bearer <key>`, for servers with
+    /// `[auth] mode = "required"`.
+    #[arg(
+        long,
+        env = "SUBAGENTD_TOKEN",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub token: Option<String>,
 }
+
+/// Adds the caller's credential to every call.
+#[derive(Debug, Clone)]
+struct Credential(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Credential {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = AgentServiceClient<InterceptedService<Channel, Credential>>;
 
 /// Flags of `spawn` (SpawnRequest).
 #[derive(clap::Args, Debug, Clone)]
@@ -418,6 +450,8 @@ enum CliError {
         status: tonic::Status,
         last_sequence: u64,
     },
+    #[error("the API key (--token or SUBAGENTD_TOKEN) contains characters a header cannot carry")]
+    InvalidToken,
     #[error("{0}")]
     Prompt(String),
     #[error("status: the server returned next page token {0:?} twice; stopping")]
@@ -461,8 +495,8 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// status 1 here, so that the message format is the same for all of them.
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     let result = match cmd {
-        Command::Serve(_) | Command::Worker(_) => {
-            anyhow::bail!("`serve` and `worker` are not client commands")
+        Command::Serve(_) | Command::Worker(_) | Command::Keys(_) => {
+            anyhow::bail!("`serve`, `worker` and `keys` are not client commands")
         }
         Command::Spawn(args) => spawn(args).await,
         Command::Status(args) => status(args).await,
@@ -484,7 +518,15 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn connect(args: &ClientArgs) -> Result<AgentServiceClient<Channel>, CliError> {
+async fn connect(args: &ClientArgs) -> Result<Client, CliError> {
+    let credential = match args.token.as_deref().map(str::trim) {
+        None | Some("") => Credential(None),
+        Some(token) => Credential(Some(
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| CliError::InvalidToken)?,
+        )),
+    };
     let url = normalize_addr(&args.addr);
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::InvalidAddr {
@@ -496,7 +538,8 @@ async fn connect(args: &ClientArgs) -> Result<AgentServiceClient<Channel>, CliEr
         .connect()
         .await
         .map_err(|source| CliError::Connect { addr: url, source })?;
-    Ok(AgentServiceClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
+    Ok(AgentServiceClient::with_interceptor(channel, credential)
+        .max_decoding_message_size(MAX_RESPONSE_BYTES))
 }
 
 /// Writes output for one invocation: JSON lines or text. Takes the stdout
@@ -1143,6 +1186,7 @@ mod tests {
         let args = ClientArgs {
             addr: "127.0.0.1:1".into(),
             json: false,
+            token: None,
         };
         let err = tokio::runtime::Builder::new_current_thread()
             .enable_all()

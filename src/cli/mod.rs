@@ -6,6 +6,7 @@
 //! [`client::run`].
 
 pub mod client;
+pub mod keys;
 mod output;
 
 use std::path::PathBuf;
@@ -83,6 +84,9 @@ pub enum Command {
     /// event. If the stream breaks, the error says which --after-sequence
     /// resumes it without gaps.
     Watch(client::WatchArgs),
+    /// Manage API keys (no server needed).
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
 }
 
 /// Flags of `subagentd serve`.

@@ -76,6 +76,15 @@ pub struct WorkerArgs {
     /// Print the effective config (TOML) and exit.
     #[arg(long)]
     pub dump_config: bool,
+    /// API key with the `worker` role, sent as `authorization: Bearer
+    /// <key>`, for servers with `[auth] mode = "required"`.
+    #[arg(
+        long,
+        env = "SUBAGENTD_TOKEN",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub token: Option<String>,
 }
 
 /// `subagentd worker`: serve runs until SIGTERM/SIGINT, then drain.
@@ -96,7 +105,13 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let worker = Worker::new(config, url);
+    let token = match args.token.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
+            anyhow::anyhow!("the API key (--token or SUBAGENTD_TOKEN) contains characters a header cannot carry")
+        })?),
+    };
+    let worker = Worker::new(config, url, token);
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
     let mut signals = StopSignals::new()?;
@@ -123,6 +138,16 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Answers to a hello that retrying cannot change: a hello the server's
+/// config does not accept, a missing or unknown key, a key without the
+/// worker role or without one of the agent types.
+fn refuses_this_worker(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    )
+}
+
 /// `host:port` → `http://host:port`; a URL stays as it is.
 fn server_url(server: &str) -> String {
     if server.contains("://") {
@@ -134,6 +159,8 @@ fn server_url(server: &str) -> String {
 
 /// The worker process: its config, runners and the runs it holds.
 struct Worker {
+    /// `authorization` header value of every session.
+    token: Option<tonic::metadata::AsciiMetadataValue>,
     name: String,
     capacity: u32,
     labels: HashMap<String, String>,
@@ -175,8 +202,13 @@ struct Held {
 }
 
 impl Worker {
-    fn new(config: WorkerConfig, api_url: String) -> Arc<Self> {
+    fn new(
+        config: WorkerConfig,
+        api_url: String,
+        token: Option<tonic::metadata::AsciiMetadataValue>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            token,
             name: config.name(),
             capacity: config.worker.capacity,
             labels: config.worker.labels.clone().into_iter().collect(),
@@ -248,9 +280,15 @@ impl Worker {
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let (tx, rx) = mpsc::unbounded_channel();
         self.open_session(number, tx);
-        let mut stream = match client.connect(UnboundedReceiverStream::new(rx)).await {
+        let mut request = tonic::Request::new(UnboundedReceiverStream::new(rx));
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        let mut stream = match client.connect(request).await {
             Ok(response) => response.into_inner(),
-            Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            Err(status) if refuses_this_worker(status.code()) => {
                 return SessionEnd::Refused(status)
             }
             Err(status) => return ended(format!("{:?}: {}", status.code(), status.message())),
@@ -274,7 +312,7 @@ impl Worker {
                         why: "the server closed the session".into(),
                     }
                 }
-                Err(status) if !welcomed && status.code() == tonic::Code::InvalidArgument => {
+                Err(status) if !welcomed && refuses_this_worker(status.code()) => {
                     return SessionEnd::Refused(status)
                 }
                 Err(status) => {

@@ -96,6 +96,15 @@ impl ChildWorker {
 
     /// Starts it without waiting for anything.
     pub fn start_unconnected(server: &str, config_toml: &str) -> Self {
+        Self::start_unconnected_with_env(server, config_toml, &[])
+    }
+
+    /// Starts it with extra environment variables, without waiting.
+    pub fn start_unconnected_with_env(
+        server: &str,
+        config_toml: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let config = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(config.path(), config_toml).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_subagentd"));
@@ -103,7 +112,9 @@ impl ChildWorker {
             .arg("worker")
             .args(["--server", server])
             .arg("--config")
-            .arg(config.path());
+            .arg(config.path())
+            .env_remove("SUBAGENTD_TOKEN")
+            .envs(env.iter().copied());
         Self {
             process: Process::spawn(command),
             _config: config,
