@@ -153,6 +153,11 @@ check "hadolint Dockerfile" "$VENV/hadolint" Dockerfile
 printf 'persistence:\n  enabled: false\n  size: 512Mi\n' >"$WORK/values-ephemeral.yaml"
 printf 'persistence:\n  existingClaim: subagentd-state\n  storageClass: "-"\n' >"$WORK/values-existing-claim.yaml"
 printf 'store:\n  backend: memory\n' >"$WORK/values-memory.yaml"
+printf 'auth:\n  mode: none\n  allowUnauthenticated: true\n' >"$WORK/values-unauthenticated.yaml"
+# The chart renders only with a key Secret (or unauthenticated serving chosen
+# explicitly): every render gets this one first, its own file may override it.
+AUTH_VALUES="$WORK/values-auth.yaml"
+printf 'auth:\n  keysSecret: subagentd-api-keys\n' >"$AUTH_VALUES"
 
 # Each render: ID|what it shows|values file ("" = the defaults only).
 RENDERS=(
@@ -163,12 +168,14 @@ RENDERS=(
   "ephemeral|persistence off: emptyDir|$WORK/values-ephemeral.yaml"
   "existing-claim|existing claim|$WORK/values-existing-claim.yaml"
   "memory|memory store|$WORK/values-memory.yaml"
+  "unauthenticated|auth.mode none, allowed explicitly|$WORK/values-unauthenticated.yaml"
 )
 RENDER_ALL_ON="$WORK/render-all-on.yaml"
 # The values files that are part of the repository (yamllint, check-jsonschema).
 VALUES_FILES=("$CHART/values.yaml" "$ALL_ON" "$CHART/ci/postgres-values.yaml" "$CHART/ci/postgres-url-secret-values.yaml")
 
-values_args() { # FILE: helm's -f for it, nothing for the defaults
+values_args() { # FILE: helm's -f for the key Secret and for it (nothing more for the defaults)
+  printf '%s\n' -f "$AUTH_VALUES"
   if [ -n "$1" ]; then printf '%s\n' -f "$1"; fi
 }
 render() { # OUT [helm args...]
@@ -247,12 +254,16 @@ notes_all() {
       ephemeral) expected="ALL STATE IS LOST" ;;
       existing-claim) expected="subagentd-state. State survives restarts" ;;
       memory) expected="Store: memory. Nothing is kept" ;;
+      unauthenticated) expected="Authentication: OFF" ;;
     esac
     mapfile -t args < <(values_args "$file")
     notes "$expected" "${args[@]}" || { echo "($what)"; return 1; }
+    if [ "$id" != unauthenticated ]; then
+      notes "Authentication: API keys required" "${args[@]}" || { echo "($what)"; return 1; }
+    fi
   done
 }
-check "NOTES.txt renders and names the store (helm install --dry-run=client, every render)" notes_all
+check "NOTES.txt renders and names the store and the auth mode (helm install --dry-run=client, every render)" notes_all
 
 # --- Bad values fail, naming the field ----------------------------------------------
 # NAME|expected text in helm's message|values YAML (\n for line breaks)
@@ -284,13 +295,13 @@ BAD_CASES=(
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out
-  if out="$("$HELM" lint --strict "$CHART" -f "$file" 2>&1)"; then
+  if out="$("$HELM" lint --strict "$CHART" -f "$AUTH_VALUES" -f "$file" 2>&1)"; then
     echo "helm lint passed, expected a failure"
     return 1
   fi
   printf '%s\n' "$out"
   grep -qF -- "$expected" <<<"$out" || { echo "helm lint's message does not name $expected"; return 1; }
-  if out="$("$HELM" template subagentd "$CHART" -f "$file" 2>&1)"; then
+  if out="$("$HELM" template subagentd "$CHART" -f "$AUTH_VALUES" -f "$file" 2>&1)"; then
     echo "helm template passed, expected a failure"
     return 1
   fi
@@ -301,13 +312,16 @@ bad_values() { # EXPECTED FILE
 # (`fail`); helm 4's lint reports those only as INFO, so helm template and
 # helm install --dry-run are what must refuse them.
 TEMPLATE_BAD_CASES=(
-  'a worker type the server does not run on workers|the server must declare agents.w with runner: worker|worker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated'
-  'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
+  'mode required without a key Secret|auth.keysSecret|auth:\n  keysSecret: ""'
+  'mode none without the explicit opt-in|auth.allowUnauthenticated|auth:\n  mode: none'
+  'workers without a key under mode required|worker.tokenSecret|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated'
+  'a worker type the server does not run on workers|the server must declare agents.w with runner: worker|worker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated'
+  'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
 )
 bad_template() { # EXPECTED FILE
   local expected="$1" file="$2" out cmd
   for cmd in template install; do
-    if out="$("$HELM" "$cmd" subagentd "$CHART" --namespace agents --dry-run=client -f "$file" 2>&1)"; then
+    if out="$("$HELM" "$cmd" subagentd "$CHART" --namespace agents --dry-run=client -f "$AUTH_VALUES" -f "$file" 2>&1)"; then
       echo "helm $cmd passed, expected a failure"
       return 1
     fi
@@ -547,15 +561,15 @@ for r in "${RENDERS[@]}"; do
     existing-claim) about="the existing claim at /var/lib/subagentd, no claim of its own" ;;
     memory) about="no data volume, no claim" ;;
   esac
-  check "invariants ($what): $about" invariants "$WORK/render-$id.yaml" "$CHART/values.yaml" ${file:+"$file"}
+  check "invariants ($what): $about" invariants "$WORK/render-$id.yaml" "$CHART/values.yaml" "$AUTH_VALUES" ${file:+"$file"}
 done
 
 config_rolls() {
   local a b
-  a="$("$HELM" template subagentd "$CHART" | grep 'checksum/config:')"
-  b="$("$HELM" template subagentd "$CHART" --set limits.maxBackgroundAgents=6 | grep 'checksum/config:')"
+  a="$("$HELM" template subagentd "$CHART" -f "$AUTH_VALUES" | grep 'checksum/config:')"
+  b="$("$HELM" template subagentd "$CHART" -f "$AUTH_VALUES" --set limits.maxBackgroundAgents=6 | grep 'checksum/config:')"
   [ -n "$a" ] && [ "$a" != "$b" ] || { echo "checksum/config did not change: $a / $b"; return 1; }
-  b="$("$HELM" template subagentd "$CHART" --set resources.limits.memory=1Gi | grep 'checksum/config:')"
+  b="$("$HELM" template subagentd "$CHART" -f "$AUTH_VALUES" --set resources.limits.memory=1Gi | grep 'checksum/config:')"
   [ "$a" = "$b" ] || { echo "checksum/config changed without a config change: $a / $b"; return 1; }
 }
 check "checksum/config changes with the config, and only with it" config_rolls
@@ -596,9 +610,17 @@ def need(cond, msg):
 need(dump["server"]["listen"] == "0.0.0.0:50051", "server.listen")
 need(dump["telemetry"]["metrics_listen"] == "0.0.0.0:9464", "telemetry.metrics_listen")
 st = dump["store"]
+au = dump["auth"]
 if not values:  # deploy/config/container.toml: the embedded store in the image's VOLUME
     need(st["backend"] == "embedded" and st["path"] == "/var/lib/subagentd", "store: embedded in /var/lib/subagentd")
+    need(au["mode"] == "required" and au["keys_dir"] == "/etc/subagentd/keys", "auth: keys required, from /etc/subagentd/keys")
     sys.exit(0)
+auth = values["auth"]
+need(au["mode"] == auth["mode"], "auth.mode")
+if auth["mode"] == "required":
+    need(au["keys_dir"] == "/var/run/secrets/subagentd/keys", "auth.keys_dir is the Secret's mount")
+else:
+    need(au["allow_unauthenticated"] is True, "auth.allow_unauthenticated")
 store, pg = values["store"], values["store"]["postgres"]
 need(st["backend"] == store["backend"], "store.backend")
 if store["backend"] == "embedded":
@@ -663,7 +685,7 @@ if [ -x "$BINARY" ]; then
     IFS='|' read -r id what file <<<"$r"
     extract_config "$WORK/render-$id.yaml" "$WORK/config-$id.toml"
     check "$BINARY serve --dump-config accepts the rendered config.toml ($what)" \
-      dump_config "$WORK/config-$id.toml" "$CHART/values.yaml" ${file:+"$file"}
+      dump_config "$WORK/config-$id.toml" "$CHART/values.yaml" "$AUTH_VALUES" ${file:+"$file"}
   done
   check "$BINARY serve --dump-config accepts the image's deploy/config/container.toml" \
     dump_config deploy/config/container.toml

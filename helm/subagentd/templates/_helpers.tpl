@@ -200,6 +200,14 @@ keepalive_interval = {{ include "subagentd.tomlString" $v.server.keepaliveInterv
 keepalive_timeout = {{ include "subagentd.tomlString" $v.server.keepaliveTimeout }}
 shutdown_grace = "{{ int64 $v.server.shutdownGraceSeconds }}s"
 
+[auth]
+mode = {{ include "subagentd.tomlString" $v.auth.mode }}
+{{- if eq (toString $v.auth.mode) "required" }}
+keys_dir = "{{ include "subagentd.keysDir" . }}"
+{{- else }}
+allow_unauthenticated = {{ $v.auth.allowUnauthenticated }}
+{{- end }}
+
 [limits]
 {{- with $v.limits }}
 {{- if hasKey . "maxBackgroundAgents" }}
@@ -381,4 +389,29 @@ metrics_listen = ""
 log_format = {{ include "subagentd.tomlString" .Values.telemetry.logFormat }}
 {{- end }}
 {{- include "subagentd.agentsToml" $w.agents }}
+{{- end }}
+
+{{/*
+Where the API keys Secret is mounted: [auth] keys_dir.
+*/}}
+{{- define "subagentd.keysDir" -}}
+/var/run/secrets/subagentd/keys
+{{- end }}
+
+{{/*
+The auth rules JSON Schema cannot state: a key Secret for mode required (and
+a worker key for the workers), and an explicit opt-in for mode none.
+*/}}
+{{- define "subagentd.checkAuth" -}}
+{{- $a := .Values.auth -}}
+{{- if eq (toString $a.mode) "required" }}
+{{- if not $a.keysSecret }}
+{{- fail "auth.keysSecret: auth.mode required (the default) needs an existing Secret of API keys (one entry per key id; `subagentd keys new --file-form`); or choose unauthenticated serving explicitly with auth.mode: none and auth.allowUnauthenticated: true" }}
+{{- end }}
+{{- if and .Values.worker.enabled (not .Values.worker.tokenSecret) }}
+{{- fail "worker.tokenSecret: with auth.mode required the workers need an API key with the worker role, from an existing Secret (worker.tokenSecret, worker.tokenKey)" }}
+{{- end }}
+{{- else if not $a.allowUnauthenticated }}
+{{- fail "auth.allowUnauthenticated: auth.mode none serves every agent to anyone on the pod network; set auth.allowUnauthenticated: true to accept that" }}
+{{- end }}
 {{- end }}
