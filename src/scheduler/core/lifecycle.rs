@@ -182,6 +182,23 @@ impl Core {
     /// The run ended on its own: DONE with a result, or FAILED. Reports
     /// for agents that already ended (cancelled, timed out) are ignored.
     pub fn finish(&mut self, id: AgentId, outcome: Result<String, AgentError>) -> bool {
+        let mut dirty = Dirty::default();
+        let finished = self.finish_into(id, outcome, &mut dirty);
+        self.drain(dirty);
+        finished
+    }
+
+    /// [`Core::finish`] without the drain: the limits it frees go into
+    /// `dirty`. For callers that end or requeue several runs in one step
+    /// and must drain once, after all of them: a drain in between could
+    /// start a newer agent ahead of an older one waiting for a limit that
+    /// an earlier run of the same step freed.
+    pub(super) fn finish_into(
+        &mut self,
+        id: AgentId,
+        outcome: Result<String, AgentError>,
+        dirty: &mut Dirty,
+    ) -> bool {
         let Some(rec) = self.agents.get_mut(&id) else {
             return false;
         };
@@ -202,12 +219,10 @@ impl Core {
                 AgentStatus::Failed
             }
         };
-        let mut dirty = Dirty::default();
-        if self.transition(id, to, &mut dirty).is_err() {
+        if self.transition(id, to, dirty).is_err() {
             return false;
         }
-        self.cascade(id, Cascade::SkipDetached, &mut dirty, &mut Vec::new());
-        self.drain(dirty);
+        self.cascade(id, Cascade::SkipDetached, dirty, &mut Vec::new());
         true
     }
 
@@ -271,7 +286,7 @@ impl Core {
             self.retry(id, dirty);
             true
         } else {
-            self.finish(id, Err(AgentError::new(code, message(attempt))));
+            self.finish_into(id, Err(AgentError::new(code, message(attempt))), dirty);
             false
         }
     }
