@@ -1320,3 +1320,71 @@ async fn a_leadless_root_waiting_for_a_worker_names_the_worker_not_a_parent_limi
     );
     s.handle.shutdown().await.unwrap();
 }
+
+/// A lost worker held a run that is retried and one that fails: both give
+/// back their buckets before anything starts, so the older of two queued
+/// agents, one waiting on each bucket, starts first (the model-based test
+/// found a drain in between that started the newer one first).
+#[tokio::test]
+async fn a_lost_workers_runs_free_their_buckets_before_the_queue_moves_on() {
+    let config = r#"
+[limits]
+max_background_agents = 20
+default_concurrency = 1
+max_concurrent_per_parent = 0
+
+[agents.coder]
+runner = "worker"
+
+[agents.reviewer]
+runner = "worker"
+retry_on_worker_lost = 1
+
+[agents.simulated]
+runner = "simulated"
+"#;
+    let mut s = TestServer::start(config).await;
+    let mut events = watch(&mut s.client, pb::WatchAgentsRequest::default()).await;
+    let mut w = Worker::connect(s.handle.addr(), &["coder", "reviewer"], 2).await;
+    let on = |agent: &str, model: &str| pb::SpawnRequest {
+        agent: agent.into(),
+        ..bg(model, "work")
+    };
+    let (retried, _) = spawn_assigned(&mut s, &mut w, on("reviewer", "acme/a")).await;
+    let (failed, _) = spawn_assigned(&mut s, &mut w, on("coder", "acme/b")).await;
+    // Each bucket is full: one agent waits on each, the older on acme/a.
+    let older = spawn(&mut s.client, bg("acme/a", "older")).await;
+    let newer = spawn(&mut s.client, bg("acme/b", "newer")).await;
+    assert_eq!(status(&older), pb::AgentStatus::Queued);
+    assert_eq!(status(&newer), pb::AgentStatus::Queued);
+
+    w.die();
+    let got = await_all(&mut s.client, &[&failed.id, &older.id, &newer.id]).await;
+    assert_eq!(status(&got[0]), pb::AgentStatus::Failed);
+    assert_eq!(status(&got[1]), pb::AgentStatus::Done);
+    assert_eq!(status(&got[2]), pb::AgentStatus::Done);
+    let mut started = Vec::new();
+    while started.len() < 2 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("events flow")
+            .unwrap()
+            .unwrap();
+        let id = ev.agent.as_ref().map(|a| a.id.clone()).unwrap_or_default();
+        if Kind::try_from(ev.kind).unwrap() == Kind::Started && (id == older.id || id == newer.id) {
+            started.push(id);
+        }
+    }
+    assert_eq!(
+        started,
+        [older.id.clone(), newer.id.clone()],
+        "FIFO across the freed buckets"
+    );
+    let r = status_of(&mut s.client, &retried.id).await;
+    assert_eq!(
+        status(&r),
+        pb::AgentStatus::Queued,
+        "waits for a worker: {r:?}"
+    );
+    s.handle.shutdown().await.unwrap();
+}
