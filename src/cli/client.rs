@@ -519,14 +519,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 }
 
 async fn connect(args: &ClientArgs) -> Result<Client, CliError> {
-    let credential = match args.token.as_deref().map(str::trim) {
-        None | Some("") => Credential(None),
-        Some(token) => Credential(Some(
-            format!("Bearer {token}")
-                .parse()
-                .map_err(|_| CliError::InvalidToken)?,
-        )),
-    };
+    let credential = Credential(
+        crate::api::auth::bearer_header(args.token.as_deref())
+            .map_err(|_| CliError::InvalidToken)?,
+    );
     let url = normalize_addr(&args.addr);
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::InvalidAddr {

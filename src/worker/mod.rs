@@ -105,12 +105,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let token = match args.token.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
-            anyhow::anyhow!("the API key (--token or SUBAGENTD_TOKEN) contains characters a header cannot carry")
-        })?),
-    };
+    let token = crate::api::auth::bearer_header(args.token.as_deref())?;
     let worker = Worker::new(config, url, token);
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
