@@ -304,6 +304,26 @@ async fn each_role_calls_only_its_methods() {
     }
     let cancelled = c.cancel(cancel(&admin.key)).await.unwrap().into_inner();
     assert_eq!(cancelled.agents.len(), 1);
+
+    // A method the policy table does not list: refused for every role.
+    let channel = Channel::from_shared(format!("http://{}", s.handle.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for k in [&viewer, &front, &approver, &admin, &worker] {
+        grpc.ready().await.unwrap();
+        let err = grpc
+            .unary::<_, pb::StatusResponse, _>(
+                with_key(status_req(), &k.key),
+                http::uri::PathAndQuery::from_static("/subagents.v1.AgentService/Nope"),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+            .expect_err("an unlisted method");
+        assert_denied(&err, "");
+    }
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use crate::auth::{self, policy, Authenticator, Principal};
+use crate::auth::{policy, Authenticator, Principal};
 
 /// The current authenticator, swapped whole on reload.
 pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
@@ -73,15 +73,12 @@ where
         if policy::is_open(path) {
             return Either::Left(self.inner.call(req));
         }
-        let checked = self
-            .auth
-            .load()
-            .authenticate(
-                req.headers()
-                    .get(http::header::AUTHORIZATION)
-                    .map(|v| v.as_bytes()),
-            )
-            .and_then(|p| auth::authorize(&p, path).map(|()| p));
+        let checked = self.auth.load().check(
+            req.headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            path,
+        );
         match checked {
             Ok(principal) => {
                 req.extensions_mut().insert(principal);

@@ -376,6 +376,18 @@ impl Authenticator {
         self.keys.len()
     }
 
+    /// The principal that may call `path` with the `authorization` header
+    /// `authorization` (None: absent). With mode none nothing is checked:
+    /// a method no service serves then reaches the router (UNIMPLEMENTED),
+    /// while with mode required the policy refuses it first.
+    pub fn check(&self, authorization: Option<&[u8]>, path: &str) -> Result<Principal, AuthError> {
+        let principal = self.authenticate(authorization)?;
+        if self.required() {
+            authorize(&principal, path)?;
+        }
+        Ok(principal)
+    }
+
     /// The principal of a call whose `authorization` header is
     /// `authorization` (None: absent).
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, AuthError> {
