@@ -87,7 +87,7 @@ fn queue_admission_and_release(c: &mut Criterion) {
             let bucket_keys: Vec<BucketKey> =
                 (0..buckets).map(|b| Arc::from(format!("p/m{b}"))).collect();
             let parents: Vec<ParentKey> = (0..LEADS)
-                .map(|l| ParentKey::Lead(Arc::from(format!("lead-{l}"))))
+                .map(|l| ParentKey::Lead(Arc::from("t"), Arc::from(format!("lead-{l}"))))
                 .collect();
             // Every bucket runs one agent (limit 1); parents have room.
             let mut bucket_running: HashMap<BucketKey, u32> =

@@ -116,6 +116,36 @@ pub struct Config {
     pub ha: HaConfig,
     /// `[auth]`: who may call; reloadable (keys also from `keys_dir`).
     pub auth: crate::auth::AuthConfig,
+    /// `[tenants.NAME]`: limits of one tenant on top of the global ones;
+    /// reloadable. A tenant without an entry has none of its own.
+    pub tenants: BTreeMap<String, TenantLimits>,
+}
+
+/// `[tenants.NAME]` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantLimits {
+    /// Live background agents of the tenant; beyond it its Spawns are
+    /// refused (TENANT_LIMIT_REACHED). 0 (default) = only the global cap.
+    pub max_background_agents: u32,
+    /// Spawns per second the tenant may make on average (a token bucket);
+    /// beyond it RATE_LIMITED with a RetryInfo. 0 (default) = unlimited.
+    pub spawn_rate: f64,
+    /// Spawns the tenant may make at once before the rate applies (the
+    /// bucket's size). 0 (default) = one second's worth of `spawn_rate`,
+    /// at least 1.
+    pub spawn_burst: u32,
+}
+
+impl TenantLimits {
+    /// The token bucket's size.
+    pub fn burst(&self) -> f64 {
+        if self.spawn_burst > 0 {
+            f64::from(self.spawn_burst)
+        } else {
+            self.spawn_rate.ceil().max(1.0)
+        }
+    }
 }
 
 /// Default `[ha] lease_ttl`.
@@ -903,6 +933,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             ha: HaConfig::default(),
             auth: crate::auth::AuthConfig::default(),
+            tenants: BTreeMap::new(),
         }
     }
 }
@@ -1031,6 +1062,23 @@ impl Config {
             .parse::<SocketAddr>()
             .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
         self.auth.validate()?;
+        for (name, t) in &self.tenants {
+            if !crate::auth::is_tenant_name(name) {
+                return Err(invalid(
+                    format!("tenants.{name}"),
+                    format!(
+                        "tenant names are 1 to {} ASCII letters, digits, '-', '_' or '.'",
+                        crate::auth::MAX_TENANT_BYTES
+                    ),
+                ));
+            }
+            if !(t.spawn_rate.is_finite() && t.spawn_rate >= 0.0) {
+                return Err(invalid(
+                    format!("tenants.{name}.spawn_rate"),
+                    format!("must be a number ≥ 0 (got {})", t.spawn_rate),
+                ));
+            }
+        }
         let l = &self.limits;
         if l.max_background_agents < 1 {
             return Err(invalid(

@@ -911,7 +911,27 @@ async fn connect_when_ready(addr: &str, server: &mut ChildGuard) -> Client {
             .unwrap()
             .connect_timeout(Duration::from_secs(1));
         match endpoint.connect().await {
-            Ok(channel) => return AgentServiceClient::new(channel),
+            Ok(channel) => {
+                // Listening is not serving: calls get RECOVERING until the
+                // server has read its state back. Wait for SERVING.
+                use tonic_health::pb::{
+                    health_check_response::ServingStatus, health_client::HealthClient,
+                    HealthCheckRequest,
+                };
+                let mut updates = HealthClient::new(channel.clone())
+                    .watch(HealthCheckRequest {
+                        service: "subagents.v1.AgentService".into(),
+                    })
+                    .await
+                    .expect("health watch")
+                    .into_inner();
+                while let Some(update) = updates.message().await.expect("health update") {
+                    if update.status == ServingStatus::Serving as i32 {
+                        return AgentServiceClient::new(channel);
+                    }
+                }
+                panic!("the health watch ended before SERVING");
+            }
             Err(e) => {
                 let child = server.0.as_mut().expect("server process");
                 if let Some(exit) = child.try_wait().unwrap() {

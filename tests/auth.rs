@@ -8,70 +8,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{bg, error_info, TestServer};
+use common::{
+    auth::{config, key, open_worker, with_key},
+    bg, error_info, TestServer,
+};
 use subagentd::{
     auth::keys,
     config::{Config, ConfigSource},
-    pb::{self, connect_request, worker_service_client::WorkerServiceClient},
+    pb,
 };
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{transport::Channel, Code, Request};
-
-/// A key (generated per run) and its config entry.
-struct Key {
-    key: String,
-    entry: String,
-}
-
-fn key(id: &str, tenant: &str, roles: &[&str], agent_types: Option<&[&str]>) -> Key {
-    let key = keys::generate(id).unwrap();
-    let roles: Vec<String> = roles.iter().map(|r| format!("{r:?}")).collect();
-    let mut entry = format!(
-        "sha256 = \"{}\"\ntenant = \"{tenant}\"\nroles = [{}]\n",
-        keys::digest_hex(&keys::digest(&key)),
-        roles.join(", ")
-    );
-    if let Some(types) = agent_types {
-        let types: Vec<String> = types.iter().map(|t| format!("{t:?}")).collect();
-        entry.push_str(&format!("agent_types = [{}]\n", types.join(", ")));
-    }
-    Key { key, entry }
-}
-
-fn config(keys: &[(&str, &Key)], extra: &str) -> String {
-    let mut toml = String::from(
-        r#"
-[limits]
-max_background_agents = 20
-
-[agents.simulated]
-runner = "simulated"
-
-[agents.coder]
-runner = "worker"
-
-[agents.writer]
-runner = "worker"
-
-[auth]
-mode = "required"
-"#,
-    );
-    toml.push_str(extra);
-    for (id, k) in keys {
-        toml.push_str(&format!("\n[auth.keys.{id}]\n{}", k.entry));
-    }
-    toml
-}
-
-fn with_key<T>(message: T, key: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    request
-}
 
 fn with_header<T>(message: T, value: &str) -> Request<T> {
     let mut request = Request::new(message);
@@ -369,40 +315,6 @@ async fn health_and_reflection_need_no_credential() {
         .service
         .iter()
         .any(|s| s.name == "subagents.v1.AgentService"));
-}
-
-async fn open_worker(
-    addr: std::net::SocketAddr,
-    key: &str,
-    agents: &[&str],
-) -> Result<tonic::Streaming<pb::ConnectResponse>, tonic::Status> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    tx.send(pb::ConnectRequest {
-        message: Some(connect_request::Message::Hello(pb::WorkerHello {
-            name: "w".into(),
-            agents: agents.iter().map(|a| (*a).into()).collect(),
-            capacity: 1,
-            ..Default::default()
-        })),
-    })
-    .unwrap();
-    // The sender stays open for the session's life (leaked on purpose:
-    // the test ends with the server).
-    std::mem::forget(tx);
-    let mut stream = WorkerServiceClient::new(channel)
-        .connect(with_key(UnboundedReceiverStream::new(rx), key))
-        .await?
-        .into_inner();
-    // The welcome, or the refusal of the hello.
-    match stream.message().await? {
-        Some(_) => Ok(stream),
-        None => panic!("the session ended without an answer"),
-    }
 }
 
 #[tokio::test]

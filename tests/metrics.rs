@@ -31,11 +31,17 @@ async fn a_scrape_shows_queued_agents_rejections_and_run_histograms() {
     let second = spawn(&mut s.client, bg("acme/slow", "wait_steer")).await;
     let third = spawn(&mut s.client, bg("acme/slow", "done")).await;
     let m = scrape(&s).await;
-    let bucket =
-        |state: &str| format!("subagentd_bucket_agents{{bucket=\"acme/slow\",state=\"{state}\"}}");
+    let bucket = |state: &str| {
+        format!(
+            "subagentd_bucket_agents{{tenant=\"default\",bucket=\"acme/slow\",state=\"{state}\"}}"
+        )
+    };
     assert_eq!(value(&m, &bucket("running")), 1.0);
     assert_eq!(value(&m, &bucket("queued")), 2.0);
-    assert_eq!(value(&m, "subagentd_agents{state=\"queued\"}"), 2.0);
+    assert_eq!(
+        value(&m, "subagentd_agents{tenant=\"default\",state=\"queued\"}"),
+        2.0
+    );
     assert_eq!(value(&m, "subagentd_background_agents"), 3.0);
     assert_eq!(
         value(&m, "subagentd_bucket_limit{bucket=\"acme/slow\"}"),
@@ -58,7 +64,7 @@ async fn a_scrape_shows_queued_agents_rejections_and_run_histograms() {
     assert_eq!(
         value(
             &m,
-            "subagentd_agents_rejected_total{reason=\"GLOBAL_LIMIT_REACHED\"}"
+            "subagentd_agents_rejected_total{tenant=\"default\",reason=\"GLOBAL_LIMIT_REACHED\"}"
         ),
         1.0
     );
@@ -86,40 +92,48 @@ async fn a_scrape_shows_queued_agents_rejections_and_run_histograms() {
     assert_eq!(
         value(
             &m,
-            "subagentd_queue_wait_seconds_count{bucket=\"acme/slow\"}"
+            "subagentd_queue_wait_seconds_count{tenant=\"default\",bucket=\"acme/slow\"}"
         ),
         3.0
     );
     assert_eq!(
         value(
             &m,
-            "subagentd_run_duration_seconds_count{bucket=\"acme/slow\"}"
+            "subagentd_run_duration_seconds_count{tenant=\"default\",bucket=\"acme/slow\"}"
         ),
         3.0
     );
     assert_eq!(
         value(
             &m,
-            "subagentd_queue_wait_seconds_bucket{le=\"+Inf\",bucket=\"acme/slow\"}"
+            "subagentd_queue_wait_seconds_bucket{le=\"+Inf\",tenant=\"default\",bucket=\"acme/slow\"}"
         ),
         3.0
     );
     assert_eq!(
         value(
             &m,
-            "subagentd_agents_finished_total{bucket=\"acme/slow\",status=\"DONE\"}"
+            "subagentd_agents_finished_total{tenant=\"default\",bucket=\"acme/slow\",status=\"DONE\"}"
         ),
         3.0
     );
     assert_eq!(
-        value(&m, "subagentd_agents_spawned_total{bucket=\"acme/slow\"}"),
+        value(
+            &m,
+            "subagentd_agents_spawned_total{tenant=\"default\",bucket=\"acme/slow\"}"
+        ),
         3.0
     );
     assert_eq!(value(&m, &bucket("running")), 0.0);
     assert_eq!(value(&m, &bucket("queued")), 0.0);
     assert_eq!(value(&m, "subagentd_background_agents"), 0.0);
     // The queued agents waited; the histogram's sum says so.
-    assert!(value(&m, "subagentd_queue_wait_seconds_sum{bucket=\"acme/slow\"}") > 0.0);
+    assert!(
+        value(
+            &m,
+            "subagentd_queue_wait_seconds_sum{tenant=\"default\",bucket=\"acme/slow\"}"
+        ) > 0.0
+    );
     // Await and Steer are counted too (the watch stream is still open).
     assert!(
         value(

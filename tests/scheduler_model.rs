@@ -1042,7 +1042,7 @@ impl Harness {
         }
         let returned: HashSet<AgentId> = self
             .core
-            .cancel(id, "model test")
+            .cancel(&subagentd::scheduler::Scope::All, id, "model test")
             .unwrap_or_else(|e| panic!("{}: cancel failed: {e:?}", self.ctx))
             .into_iter()
             .map(|v| v.id)
@@ -1081,7 +1081,7 @@ impl Harness {
             .collect();
         let returned: HashSet<AgentId> = self
             .core
-            .cancel_lead(lead, "")
+            .cancel_lead(subagentd::scheduler::DEFAULT_TENANT, lead, "")
             .into_iter()
             .map(|v| v.id)
             .collect();
@@ -1165,7 +1165,12 @@ impl Harness {
         if awaiting.is_empty() {
             if !self.order.is_empty() {
                 let id = *i.get(&self.order);
-                let refused = self.core.decide_approval(id, Uuid::new_v4(), outcome);
+                let refused = self.core.decide_approval(
+                    &subagentd::scheduler::Scope::All,
+                    id,
+                    Uuid::new_v4(),
+                    outcome,
+                );
                 assert!(
                     matches!(refused, Err(Error::NotAwaitingApproval { .. })),
                     "{}: decided an agent that was not awaiting approval: {refused:?}",
@@ -1178,7 +1183,12 @@ impl Harness {
         let id = *i.get(&awaiting);
         let pending = self.approvals[&id].id;
         if wrong_id {
-            let refused = self.core.decide_approval(id, Uuid::new_v4(), outcome);
+            let refused = self.core.decide_approval(
+                &subagentd::scheduler::Scope::All,
+                id,
+                Uuid::new_v4(),
+                outcome,
+            );
             assert!(
                 matches!(refused, Err(Error::ApprovalMismatch { .. })),
                 "{}: a wrong approval id was accepted: {refused:?}",
@@ -1190,7 +1200,12 @@ impl Harness {
         let ctx = &self.ctx;
         let view = self
             .core
-            .decide_approval(id, pending, outcome.clone())
+            .decide_approval(
+                &subagentd::scheduler::Scope::All,
+                id,
+                pending,
+                outcome.clone(),
+            )
             .unwrap_or_else(|e| panic!("{ctx}: decision refused: {e}"));
         self.approvals.get_mut(&id).expect("pending").decided = Some(outcome);
         self.drain_events();
@@ -1253,6 +1268,7 @@ impl Harness {
     fn connect_worker(&mut self, capacity: u32) {
         let (tx, rx) = mpsc::unbounded_channel();
         let info = WorkerInfo {
+            tenant: subagentd::scheduler::DEFAULT_TENANT.into(),
             name: format!("w{}", self.workers.len()).into(),
             agents: vec![WORKER_TYPE.into()],
             capacity,
@@ -1556,13 +1572,20 @@ impl Harness {
                 AgentStatus::AwaitingApproval => 2,
                 _ => continue,
             };
-            by_bucket.entry(view.bucket.to_string()).or_default()[slot] += 1;
+            by_bucket
+                .entry(format!("{}/{}", view.tenant, view.bucket))
+                .or_default()[slot] += 1;
         }
         let gauges: std::collections::BTreeMap<String, [u32; 3]> = self
             .core
             .stats()
             .buckets()
-            .map(|(b, st)| (b.to_string(), [st.queued, st.running, st.awaiting_approval]))
+            .map(|(t, b, st)| {
+                (
+                    format!("{t}/{b}"),
+                    [st.queued, st.running, st.awaiting_approval],
+                )
+            })
             .filter(|(_, g)| *g != [0, 0, 0])
             .collect();
         assert_eq!(gauges, by_bucket, "{ctx}: per-bucket gauges vs records");
@@ -1655,7 +1678,7 @@ impl Harness {
             if self.agents[&id].is_live() {
                 let cancelled = self
                     .core
-                    .cancel(id, "end of test")
+                    .cancel(&subagentd::scheduler::Scope::All, id, "end of test")
                     .expect("cancel of a known agent");
                 assert!(!cancelled.is_empty());
             }
@@ -1793,7 +1816,11 @@ fn cancelling_an_ended_agent_cancels_its_live_detached_descendants() {
     );
 
     let listed: Vec<AgentId> = core
-        .cancel(parent.id, "cancel the tree")
+        .cancel(
+            &subagentd::scheduler::Scope::All,
+            parent.id,
+            "cancel the tree",
+        )
         .unwrap()
         .into_iter()
         .map(|v| v.id)
@@ -1886,7 +1913,12 @@ fn a_restart_keeps_steers_usage_keys_and_history_and_fails_the_interrupted_run()
     };
     let (child, _) = core.spawn(child_spec.clone(), now).unwrap();
     assert_eq!(child.status, AgentStatus::Queued, "the bucket holds one");
-    core.steer(child.id, "remember this".to_owned()).unwrap();
+    core.steer(
+        &subagentd::scheduler::Scope::All,
+        child.id,
+        "remember this".to_owned(),
+    )
+    .unwrap();
     core.add_usage(
         parent.id,
         subagentd::scheduler::Usage {
@@ -1950,7 +1982,12 @@ fn a_buffered_steer_reaches_the_run_that_starts_after_a_restart() {
     let now = SystemTime::now();
     let (first, _) = core.spawn(root_spec(true), now).unwrap();
     let (second, _) = core.spawn(root_spec(true), now).unwrap();
-    core.steer(second.id, "go left".to_owned()).unwrap();
+    core.steer(
+        &subagentd::scheduler::Scope::All,
+        second.id,
+        "go left".to_owned(),
+    )
+    .unwrap();
     let (changes, _) = core.take_changes();
     let mut batch = Batch::default();
     batch.add(&changes);
@@ -2008,6 +2045,7 @@ impl TypeT {
         let (tx, rx) = mpsc::unbounded_channel();
         let worker = core.register_worker(
             WorkerInfo {
+                tenant: subagentd::scheduler::DEFAULT_TENANT.into(),
                 name: "w".into(),
                 agents: vec!["t".into()],
                 capacity: 4,
@@ -2127,7 +2165,12 @@ fn the_recovery_matrix_each_live_state_each_runner_each_retry_setting() {
                                 note: String::new(),
                             };
                             let err = again
-                                .decide_approval(subject, approval.id, outcome)
+                                .decide_approval(
+                                    &subagentd::scheduler::Scope::All,
+                                    subject,
+                                    approval.id,
+                                    outcome,
+                                )
                                 .unwrap_err();
                             assert!(
                                 matches!(err, Error::AwaitingReattach { id } if id == subject),
@@ -2224,7 +2267,12 @@ fn an_approved_run_waiting_for_its_slot_is_interrupted_by_a_restart() {
                 note: "ok".into(),
             };
             let decided = core
-                .decide_approval(first.id, approval, outcome.clone())
+                .decide_approval(
+                    &subagentd::scheduler::Scope::All,
+                    first.id,
+                    approval,
+                    outcome.clone(),
+                )
                 .unwrap();
             assert_eq!(
                 decided.status,

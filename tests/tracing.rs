@@ -313,6 +313,7 @@ async fn one_agent_tree_is_one_trace_under_the_caller_s_span() {
     assert_eq!(str_attr(&child_span, "subagentd.parent_id"), parent.id);
     assert_eq!(str_attr(&child_span, "subagentd.root_id"), parent.id);
     assert_eq!(str_attr(&parent_span, "subagentd.bucket"), "acme/m1");
+    assert_eq!(str_attr(&parent_span, "subagentd.tenant"), "default");
     assert!(matches!(
         attrs(&parent_span).get("subagentd.background"),
         Some(any_value::Value::BoolValue(true))

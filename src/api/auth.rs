@@ -15,7 +15,8 @@ use arc_swap::ArcSwap;
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use crate::auth::{policy, Authenticator, Principal};
+use crate::auth::{policy, AuthError, Authenticator, Principal, Role};
+use crate::scheduler::Scope;
 
 /// The current authenticator, swapped whole on reload.
 pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
@@ -118,4 +119,35 @@ pub fn principal<T>(request: &tonic::Request<T>) -> Principal {
         .get::<Principal>()
         .cloned()
         .unwrap_or_else(Principal::anonymous)
+}
+
+/// Whose agents `principal` may find by id and act on: an admin every
+/// tenant's, anyone else only its own.
+pub fn scope_of(principal: &Principal) -> Scope {
+    if principal.roles.has(Role::Admin) {
+        Scope::All
+    } else {
+        Scope::Tenant(principal.tenant.clone())
+    }
+}
+
+/// The tenant a Status or WatchAgents listing of `principal` covers, given
+/// the request's `tenant` field (`requested`, empty = unset): an admin's
+/// every tenant unless it names one; anyone else's only its own, and
+/// naming another is PERMISSION_DENIED.
+pub fn listed_tenant(
+    principal: &Principal,
+    requested: &str,
+    method: &'static str,
+) -> Result<Option<Arc<str>>, AuthError> {
+    if principal.roles.has(Role::Admin) {
+        Ok((!requested.is_empty()).then(|| Arc::from(requested)))
+    } else if requested.is_empty() || *requested == *principal.tenant {
+        Ok(Some(principal.tenant.clone()))
+    } else {
+        Err(AuthError::PermissionDenied {
+            method: method.to_owned(),
+            required: &[Role::Admin],
+        })
+    }
 }

@@ -181,6 +181,8 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         None => None,
     };
     v.finish(SpawnSpec {
+        // The caller's, from its credential: set by the handler.
+        tenant: Arc::from(""),
         agent: req.agent,
         model: req.model,
         prompt: req.prompt,
@@ -213,8 +215,12 @@ pub enum StatusQuery {
     },
 }
 
-/// Parses a StatusRequest.
-pub fn parse_status(req: pb::StatusRequest) -> Result<StatusQuery, Error> {
+/// Parses a StatusRequest of a caller who may list `tenant`'s agents (None:
+/// every tenant's), see [`crate::api::auth::listed_tenant`].
+pub fn parse_status(
+    req: pb::StatusRequest,
+    tenant: Option<Arc<str>>,
+) -> Result<StatusQuery, Error> {
     let mut v = Violations::default();
     let ids = v.ids("ids", &req.ids, false);
     let parent_id = v.optional_id("parent_id", &req.parent_id);
@@ -256,6 +262,7 @@ pub fn parse_status(req: pb::StatusRequest) -> Result<StatusQuery, Error> {
             || root_id.is_some()
             || lead_id.is_some()
             || !statuses.is_empty()
+            || !req.tenant.is_empty()
             || !req.page_token.is_empty();
         if filtered {
             v.add("ids", "cannot be combined with filters or a page token");
@@ -264,6 +271,7 @@ pub fn parse_status(req: pb::StatusRequest) -> Result<StatusQuery, Error> {
     }
     v.finish(StatusQuery::List {
         filter: AgentFilter {
+            tenant,
             ids: Vec::new(),
             parent_id,
             root_id,
@@ -394,8 +402,12 @@ pub fn parse_approve(req: pb::ApproveRequest) -> Result<(AgentId, Uuid, Approval
     ))
 }
 
-/// Parses a WatchAgentsRequest.
-pub fn parse_watch(req: pb::WatchAgentsRequest) -> Result<WatchQuery, Error> {
+/// Parses a WatchAgentsRequest of a caller who may watch `tenant`'s agents
+/// (None: every tenant's).
+pub fn parse_watch(
+    req: pb::WatchAgentsRequest,
+    tenant: Option<Arc<str>>,
+) -> Result<WatchQuery, Error> {
     let mut v = Violations::default();
     let ids = v.ids("ids", &req.ids, false);
     let parent_id = v.optional_id("parent_id", &req.parent_id);
@@ -403,6 +415,7 @@ pub fn parse_watch(req: pb::WatchAgentsRequest) -> Result<WatchQuery, Error> {
     let lead_id = v.key("lead_id", &req.lead_id);
     v.finish(WatchQuery {
         filter: AgentFilter {
+            tenant,
             ids: ids
                 .into_iter()
                 .collect::<BTreeSet<_>>()
@@ -450,6 +463,7 @@ fn timestamp(t: SystemTime) -> Timestamp {
 pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
     pb::Agent {
         id: a.id.to_string(),
+        tenant: a.tenant.to_string(),
         agent: a.agent.to_string(),
         model: a.model.to_string(),
         description: a.description.to_string(),
@@ -509,6 +523,7 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
     let status = pb::AgentStatus::try_from(a.status).unwrap_or(pb::AgentStatus::Unspecified);
     Ok(AgentView {
         id: id("agent.id", &a.id)?,
+        tenant: a.tenant.as_str().into(),
         agent: a.agent.as_str().into(),
         model: a.model.as_str().into(),
         description: a.description.as_str().into(),
@@ -694,6 +709,8 @@ pub fn parse_hello(
         hello.name.into()
     };
     let info = WorkerInfo {
+        // The credential's, not the hello's: set by the handler.
+        tenant: Arc::from(""),
         name,
         agents,
         capacity: hello.capacity,
@@ -825,6 +842,7 @@ mod tests {
             tool_calls: 1,
         };
         let agent = AgentView {
+            tenant: "t".into(),
             id,
             agent: "coder".into(),
             model: "openai/gpt".into(),

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
-    convert,
+    auth, convert,
     deadline::CallDeadline,
     status::{reason_of, watch_lagged},
 };
@@ -46,6 +46,9 @@ impl AgentServiceImpl {
     }
 }
 
+const STATUS: &str = "/subagents.v1.AgentService/Status";
+const WATCH: &str = "/subagents.v1.AgentService/WatchAgents";
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchAgentsResponse, Status>> + Send>>;
 
 /// WatchAgents responses already encoded (see [`super::watch_route`]).
@@ -55,9 +58,11 @@ impl AgentServiceImpl {
     /// Opens a watch whose items are encoded WatchAgentsResponse messages.
     pub fn watch_encoded(
         &self,
-        request: pb::WatchAgentsRequest,
+        request: Request<pb::WatchAgentsRequest>,
     ) -> Result<EncodedWatchStream, Status> {
-        let q = convert::parse_watch(request)?;
+        let principal = auth::principal(&request);
+        let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, WATCH)?;
+        let q = convert::parse_watch(request.into_inner(), tenant)?;
         let sub = self.scheduler.subscribe(&q);
         let state = WatchState {
             durability: self.scheduler.durability().cloned(),
@@ -91,9 +96,11 @@ impl AgentService for AgentServiceImpl {
             .extensions()
             .get::<CallDeadline>()
             .map(CallDeadline::passes_at);
+        let principal = auth::principal(&request);
         let spawned = match convert::parse_spawn(request.into_inner()) {
             Ok(mut spec) => {
                 spec.trace = trace;
+                spec.tenant = principal.tenant.clone();
                 if spec.background {
                     self.scheduler.spawn(spec).await
                 } else {
@@ -102,7 +109,8 @@ impl AgentService for AgentServiceImpl {
             }
             Err(e) => Err(e),
         };
-        let agent = spawned.inspect_err(|e| self.metrics.spawn_rejected(reason_of(e)))?;
+        let agent = spawned
+            .inspect_err(|e| self.metrics.spawn_rejected(&principal.tenant, reason_of(e)))?;
         Ok(Response::new(pb::SpawnResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
         }))
@@ -112,9 +120,12 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let response = match convert::parse_status(request.into_inner())? {
+        let principal = auth::principal(&request);
+        let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, STATUS)?;
+        let scope = auth::scope_of(&principal);
+        let response = match convert::parse_status(request.into_inner(), tenant)? {
             convert::StatusQuery::Ids(ids) => pb::StatusResponse {
-                agents: convert::agents_to_pb(&self.scheduler.status(&ids, "ids").await?),
+                agents: convert::agents_to_pb(&self.scheduler.status(&scope, &ids, "ids").await?),
                 next_page_token: String::new(),
             },
             convert::StatusQuery::List {
@@ -136,10 +147,11 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::AwaitRequest>,
     ) -> Result<Response<pb::AwaitResponse>, Status> {
+        let scope = auth::scope_of(&auth::principal(&request));
         let q = convert::parse_await(request.into_inner())?;
         let (agents, timed_out) = self
             .scheduler
-            .await_agents(&q.ids, Some(q.timeout), q.mode)
+            .await_agents(&scope, &q.ids, Some(q.timeout), q.mode)
             .await?;
         Ok(Response::new(pb::AwaitResponse {
             agents: convert::agents_to_pb(&agents),
@@ -151,10 +163,20 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
+        let principal = auth::principal(&request);
         let (target, reason) = convert::parse_cancel(request.into_inner())?;
         let cancelled = match target {
-            convert::CancelTarget::Agent(id) => self.scheduler.cancel(id, &reason).await?,
-            convert::CancelTarget::Lead(lead) => self.scheduler.cancel_lead(&lead, &reason).await?,
+            convert::CancelTarget::Agent(id) => {
+                let scope = auth::scope_of(&principal);
+                self.scheduler.cancel(&scope, id, &reason).await?
+            }
+            // A lead id names a lead of the caller's own tenant, an admin's
+            // too: the same lead id in two tenants names two unrelated leads.
+            convert::CancelTarget::Lead(lead) => {
+                self.scheduler
+                    .cancel_lead(&principal.tenant, &lead, &reason)
+                    .await?
+            }
         };
         Ok(Response::new(pb::CancelResponse {
             agents: convert::agents_to_pb(&cancelled),
@@ -165,8 +187,9 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::SteerRequest>,
     ) -> Result<Response<pb::SteerResponse>, Status> {
+        let scope = auth::scope_of(&auth::principal(&request));
         let (id, message) = convert::parse_steer(request.into_inner())?;
-        let (agent, delivery) = self.scheduler.steer(id, message).await?;
+        let (agent, delivery) = self.scheduler.steer(&scope, id, message).await?;
         Ok(Response::new(pb::SteerResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
             delivery: convert::delivery_to_pb(delivery) as i32,
@@ -177,8 +200,12 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::ApproveRequest>,
     ) -> Result<Response<pb::ApproveResponse>, Status> {
+        let scope = auth::scope_of(&auth::principal(&request));
         let (id, approval_id, outcome) = convert::parse_approve(request.into_inner())?;
-        let agent = self.scheduler.approve(id, approval_id, outcome).await?;
+        let agent = self
+            .scheduler
+            .approve(&scope, id, approval_id, outcome)
+            .await?;
         Ok(Response::new(pb::ApproveResponse {
             agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
         }))
@@ -193,7 +220,7 @@ impl AgentService for AgentServiceImpl {
         // The server mounts `watch_route`, which serves WatchAgents from
         // `watch_encoded` directly; this generated route decodes the same
         // bytes for anyone mounting the plain generated server.
-        let encoded = self.watch_encoded(request.into_inner())?;
+        let encoded = self.watch_encoded(request)?;
         let decoded = futures_util::StreamExt::map(encoded, |item| {
             item.and_then(|bytes| {
                 <pb::WatchAgentsResponse as prost::Message>::decode(bytes)

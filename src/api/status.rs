@@ -23,6 +23,10 @@ pub const REASON_AGENT_NOT_FOUND: &str = "AGENT_NOT_FOUND";
 pub const REASON_AGENT_FINISHED: &str = "AGENT_FINISHED";
 /// `max_background_agents` reached.
 pub const REASON_GLOBAL_LIMIT_REACHED: &str = "GLOBAL_LIMIT_REACHED";
+/// A tenant's `[tenants.NAME] max_background_agents` reached.
+pub const REASON_TENANT_LIMIT_REACHED: &str = "TENANT_LIMIT_REACHED";
+/// A tenant's `[tenants.NAME] spawn_rate` passed.
+pub const REASON_RATE_LIMITED: &str = "RATE_LIMITED";
 /// `max_depth` reached.
 pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
 /// `max_live_descendants_per_root` reached.
@@ -65,6 +69,8 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::NotFound { .. } => REASON_AGENT_NOT_FOUND,
         Error::AgentFinished { .. } => REASON_AGENT_FINISHED,
         Error::GlobalLimit { .. } => REASON_GLOBAL_LIMIT_REACHED,
+        Error::TenantLimit { .. } => REASON_TENANT_LIMIT_REACHED,
+        Error::RateLimited { .. } => REASON_RATE_LIMITED,
         Error::DepthLimit { .. } => REASON_DEPTH_LIMIT_REACHED,
         Error::DescendantLimit { .. } => REASON_DESCENDANT_LIMIT_REACHED,
         Error::ShuttingDown => REASON_SHUTTING_DOWN,
@@ -146,6 +152,47 @@ impl From<Error> for Status {
                     "limits.max_background_agents",
                     format!("{live} of {limit} live background agents"),
                 );
+                Code::ResourceExhausted
+            }
+            Error::TenantLimit {
+                tenant,
+                limit,
+                live,
+            } => {
+                let config_key = format!("tenants.{tenant}.max_background_agents");
+                info(
+                    &mut d,
+                    REASON_TENANT_LIMIT_REACHED,
+                    &[
+                        ("tenant", tenant.to_string()),
+                        ("limit", limit.to_string()),
+                        ("live", live.to_string()),
+                        ("config_key", config_key.clone()),
+                    ],
+                );
+                d.add_quota_failure_violation(
+                    config_key,
+                    format!("{live} of {limit} live background agents of tenant {tenant}"),
+                );
+                Code::ResourceExhausted
+            }
+            Error::RateLimited {
+                tenant,
+                rate,
+                burst,
+                retry_after,
+            } => {
+                info(
+                    &mut d,
+                    REASON_RATE_LIMITED,
+                    &[
+                        ("tenant", tenant.to_string()),
+                        ("spawn_rate", rate.clone()),
+                        ("spawn_burst", burst.to_string()),
+                        ("config_key", format!("tenants.{tenant}.spawn_rate")),
+                    ],
+                );
+                d.set_retry_info(Some(*retry_after));
                 Code::ResourceExhausted
             }
             Error::DepthLimit { limit, depth } => {

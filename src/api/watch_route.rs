@@ -76,11 +76,7 @@ impl ServerStreamingService<pb::WatchAgentsRequest> for WatchRoute {
 
     fn call(&mut self, request: tonic::Request<pb::WatchAgentsRequest>) -> Self::Future {
         let service = self.0.clone();
-        Box::pin(async move {
-            service
-                .watch_encoded(request.into_inner())
-                .map(tonic::Response::new)
-        })
+        Box::pin(async move { service.watch_encoded(request).map(tonic::Response::new) })
     }
 }
 

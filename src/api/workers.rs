@@ -51,7 +51,8 @@ impl WorkerService for WorkerServiceImpl {
                 "the stream ended before the worker's `hello`",
             ))
         })?;
-        let (hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        let (mut hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        hello.tenant = principal.tenant.clone();
         let denied: Vec<String> = hello
             .agents
             .iter()
@@ -66,7 +67,8 @@ impl WorkerService for WorkerServiceImpl {
         let capacity = hello.capacity;
         let (commands, outbound) = tokio::sync::mpsc::unbounded_channel();
         let worker_id = self.scheduler.register_worker(hello, commands, &held);
-        info!(%worker_id, %name, %agents, capacity, held = held.len(), "worker connected");
+        let tenant = &principal.tenant;
+        info!(%worker_id, %name, %tenant, %agents, capacity, held = held.len(), "worker connected");
         let session = Session {
             scheduler: self.scheduler.clone(),
             worker_id,

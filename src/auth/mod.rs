@@ -102,8 +102,7 @@ impl FromIterator<Role> for Roles {
     }
 }
 
-/// The tenant of every agent when authentication is off.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::scheduler::DEFAULT_TENANT;
 
 /// Who is calling: the tenant comes only from the credential.
 #[derive(Debug, Clone, PartialEq, Eq)]

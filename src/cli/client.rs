@@ -221,6 +221,10 @@ pub struct StatusArgs {
     /// Follow next-page tokens until the last page.
     #[arg(long)]
     pub all_pages: bool,
+    /// Only agents of this tenant (an admin's credential sees every
+    /// tenant's; any other sees only its own).
+    #[arg(long)]
+    pub tenant: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -233,6 +237,7 @@ impl StatusArgs {
             parent_id: self.parent_id.clone().unwrap_or_default(),
             root_id: self.root_id.clone().unwrap_or_default(),
             lead_id: self.lead_id.clone().unwrap_or_default(),
+            tenant: self.tenant.clone().unwrap_or_default(),
             statuses: self
                 .statuses
                 .iter()
@@ -385,6 +390,9 @@ pub struct WatchArgs {
     /// Also show progress: output chunks and tool calls as runs report them.
     #[arg(long)]
     pub progress: bool,
+    /// Only agents of this tenant (as `status --tenant`).
+    #[arg(long)]
+    pub tenant: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -400,6 +408,7 @@ impl WatchArgs {
             after_sequence: self.after_sequence,
             include_snapshot: self.snapshot,
             include_progress: self.progress,
+            tenant: self.tenant.clone().unwrap_or_default(),
         }
     }
 }
@@ -961,6 +970,7 @@ mod tests {
         assert_eq!(
             args.to_request(),
             pb::StatusRequest {
+                tenant: Default::default(),
                 ids: vec![],
                 parent_id: "p".into(),
                 root_id: "r".into(),
@@ -1126,6 +1136,7 @@ mod tests {
         assert_eq!(
             args.to_request(),
             pb::WatchAgentsRequest {
+                tenant: Default::default(),
                 ids: vec!["a".into(), "b".into()],
                 parent_id: "p".into(),
                 root_id: "r".into(),

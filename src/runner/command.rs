@@ -839,7 +839,12 @@ mod tests {
             .await
             .unwrap();
         let (done, _) = s
-            .await_agents(&[agent.id], Some(Duration::from_secs(30)), AwaitMode::All)
+            .await_agents(
+                &crate::scheduler::Scope::All,
+                &[agent.id],
+                Some(Duration::from_secs(30)),
+                AwaitMode::All,
+            )
             .await
             .unwrap();
         assert_eq!(done[0].result.as_ref(), "ran\n", "{:?}", done[0]);

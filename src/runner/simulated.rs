@@ -214,7 +214,7 @@ mod tests {
     /// Delivers a steer to the running run.
     fn steer(s: &Scheduler, id: AgentId, message: &str) {
         let (_, delivery) = s
-            .steer(id, message.into())
+            .steer(&crate::scheduler::Scope::All, id, message.into())
             .now_or_never()
             .expect("without a store Steer answers at once")
             .unwrap();
@@ -225,7 +225,12 @@ mod tests {
     /// view and whether the minute passed first.
     async fn await_minute(s: &Scheduler, id: AgentId) -> (AgentView, bool) {
         let (mut agents, timed_out) = s
-            .await_agents(&[id], Some(Duration::from_secs(60)), AwaitMode::All)
+            .await_agents(
+                &crate::scheduler::Scope::All,
+                &[id],
+                Some(Duration::from_secs(60)),
+                AwaitMode::All,
+            )
             .await
             .unwrap();
         (agents.pop().unwrap(), timed_out)

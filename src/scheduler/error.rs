@@ -1,6 +1,8 @@
 //! Errors of the domain. Mapped to gRPC statuses in one place:
 //! [`crate::api::status`].
 
+use std::sync::Arc;
+
 use super::types::{AgentId, AgentStatus};
 
 /// One bad field of a request.
@@ -61,6 +63,28 @@ pub enum Error {
         limit: u32,
         /// Live background agents now.
         live: u32,
+    },
+    /// The tenant's `[tenants.NAME] max_background_agents` reached.
+    #[error("tenant limit reached: tenant \"{tenant}\" has {live} live background agents and its [tenants.{tenant}] max_background_agents is {limit}; wait for some to finish (Await or WatchAgents) and retry")]
+    TenantLimit {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// Its limit.
+        limit: u32,
+        /// Its live background agents now.
+        live: u32,
+    },
+    /// The tenant's `[tenants.NAME] spawn_rate` passed.
+    #[error("rate limited: tenant \"{tenant}\" may spawn {rate}/s with bursts of {burst} ([tenants.{tenant}] spawn_rate, spawn_burst); retry after {} ms", retry_after.as_millis())]
+    RateLimited {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// Its spawn rate per second, as configured.
+        rate: String,
+        /// Its burst.
+        burst: u32,
+        /// When the next Spawn would be admitted.
+        retry_after: std::time::Duration,
     },
     /// `max_depth` reached.
     #[error("depth limit reached: the new agent would be at depth {depth} but [limits] max_depth is {limit}; spawn from a shallower agent or raise the limit")]

@@ -2,14 +2,15 @@
 //! a bounded history for `after_sequence` replay, and the fan-out.
 //!
 //! Two fan-outs, by what a subscriber filters on:
-//! - Filtered by agent ids, parent, root or lead: *routed*. Each such
-//!   subscriber has a bounded queue of its own, registered under one route
-//!   key (see [`route_of`]); publishing looks up the event's four keys and
+//! - Filtered by agent ids, parent, root, lead or tenant: *routed*. Each
+//!   such subscriber has a bounded queue of its own, registered under one
+//!   route key (see [`route_of`]); publishing looks up the event's five keys and
 //!   pushes only to the subscribers registered there whose filter matches.
 //!   So an event costs O(subscribers it matches), not O(subscribers), and
 //!   a subscriber's buffer counts only the events routed to it.
-//! - Unfiltered (or by status only): a `broadcast` ring, one O(1) send per
-//!   event whatever the number of such subscribers; each filters on read.
+//! - Unfiltered (or by status only: an admin watching every tenant): a
+//!   `broadcast` ring, one O(1) send per event whatever the number of such
+//!   subscribers; each filters on read.
 //!
 //! Publishing never waits either way: the ring overwrites its oldest slot,
 //! and a full routed queue stops taking events and counts what it missed.
@@ -480,8 +481,10 @@ fn route_of(filter: &AgentFilter) -> Option<RouteKey<'_>> {
         Some(RouteKey::Parent(parent))
     } else if let Some(root) = filter.root_id {
         Some(RouteKey::Root(root))
+    } else if let Some(lead) = filter.lead_id.as_deref() {
+        Some(RouteKey::Lead(lead))
     } else {
-        filter.lead_id.as_deref().map(RouteKey::Lead)
+        filter.tenant.as_deref().map(RouteKey::Tenant)
     }
 }
 
@@ -490,6 +493,7 @@ enum RouteKey<'a> {
     Parent(AgentId),
     Root(AgentId),
     Lead(&'a str),
+    Tenant(&'a str),
 }
 
 #[derive(Debug)]
@@ -510,6 +514,7 @@ struct Routes {
     by_parent: HashMap<AgentId, SinkList>,
     by_root: HashMap<AgentId, SinkList>,
     by_lead: HashMap<Arc<str>, SinkList>,
+    by_tenant: HashMap<Arc<str>, SinkList>,
     /// Routed subscribers that asked for progress events.
     progress: usize,
 }
@@ -537,6 +542,7 @@ impl Routes {
             RouteKey::Parent(p) => self.by_parent.entry(p).or_default().push(entry),
             RouteKey::Root(r) => self.by_root.entry(r).or_default().push(entry),
             RouteKey::Lead(l) => self.by_lead.entry(l.into()).or_default().push(entry),
+            RouteKey::Tenant(t) => self.by_tenant.entry(t.into()).or_default().push(entry),
         }
         self.progress += usize::from(progress);
         self.sinks.insert(id, sink);
@@ -569,6 +575,7 @@ impl Routes {
             RouteKey::Parent(p) => forget(&mut self.by_parent, &p, id),
             RouteKey::Root(r) => forget(&mut self.by_root, &r, id),
             RouteKey::Lead(l) => forget(&mut self.by_lead, &Arc::<str>::from(l), id),
+            RouteKey::Tenant(t) => forget(&mut self.by_tenant, &Arc::<str>::from(t), id),
         }
     }
 
@@ -582,6 +589,7 @@ impl Routes {
             a.parent_id.and_then(|p| self.by_parent.get(&p)),
             self.by_root.get(&a.root_id),
             a.lead_id.as_ref().and_then(|l| self.by_lead.get(l)),
+            self.by_tenant.get(&a.tenant),
         ];
         for (_, sink) in lists.into_iter().flatten().flatten() {
             if (sink.progress || !is_progress) && sink.filter.matches(a) {
@@ -599,6 +607,7 @@ mod tests {
     fn agent(lead: &str) -> AgentView {
         let id = uuid::Uuid::now_v7();
         AgentView {
+            tenant: "t".into(),
             id,
             agent: "a".into(),
             model: "p/m".into(),

@@ -94,12 +94,13 @@ impl Scheduler {
 
     /// A scheduler with the given runners (tests use fakes).
     pub fn with_runners(config: &Config, runners: HashMap<RunnerKind, Arc<dyn Runner>>) -> Self {
-        let core = Core::new(
+        let mut core = Core::new(
             config.limits.clone(),
             config.runs.clone(),
             &config.watch,
             config.agents.clone(),
         );
+        core.set_tenant_limits(config.tenants.clone());
         Self {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -446,28 +447,36 @@ impl Scheduler {
             armed: !existing,
         };
         self.durable(ticket).await?;
-        let (mut agents, _) = self.await_agents(&[view.id], None, AwaitMode::All).await?;
+        let (mut agents, _) = self
+            .await_agents(&Scope::All, &[view.id], None, AwaitMode::All)
+            .await?;
         guard.disarm();
         Ok(agents.pop().unwrap_or(view))
     }
 
-    /// Current views of `ids`, in order; the first unknown id is NOT_FOUND.
-    /// With a store, what they show is durable.
+    /// Current views of `ids`, in order; the first id unknown in `scope`
+    /// is NOT_FOUND. With a store, what they show is durable.
     pub async fn status(
         &self,
+        scope: &Scope,
         ids: &[AgentId],
         field: &'static str,
     ) -> Result<Vec<AgentView>, Error> {
-        let views = self.status_now(ids, field)?;
+        let views = self.status_now(scope, ids, field)?;
         self.durable_now().await?;
         Ok(views)
     }
 
-    fn status_now(&self, ids: &[AgentId], field: &'static str) -> Result<Vec<AgentView>, Error> {
+    fn status_now(
+        &self,
+        scope: &Scope,
+        ids: &[AgentId],
+        field: &'static str,
+    ) -> Result<Vec<AgentView>, Error> {
         self.inspect(|c| {
             ids.iter()
                 .map(|id| {
-                    c.view(*id).ok_or(Error::NotFound {
+                    c.view_in(scope, *id).ok_or(Error::NotFound {
                         field,
                         id: id.to_string(),
                     })
@@ -493,6 +502,7 @@ impl Scheduler {
     /// out. Leaves no waiter behind however it ends.
     pub async fn await_agents(
         &self,
+        scope: &Scope,
         ids: &[AgentId],
         timeout: Option<Duration>,
         mode: AwaitMode,
@@ -509,7 +519,7 @@ impl Scheduler {
                 let views = ids
                     .iter()
                     .map(|id| {
-                        c.view(*id).ok_or(Error::NotFound {
+                        c.view_in(scope, *id).ok_or(Error::NotFound {
                             field: "ids",
                             id: id.to_string(),
                         })
@@ -540,7 +550,7 @@ impl Scheduler {
             tokio::select! {
                 () = notify.notified() => {}
                 () = timer => {
-                    let views = self.status(ids, "ids").await?;
+                    let views = self.status(scope, ids, "ids").await?;
                     let settled = views.iter().filter(|v| v.status.is_settled()).count();
                     let done = match mode {
                         AwaitMode::All => settled == views.len(),
@@ -553,16 +563,26 @@ impl Scheduler {
     }
 
     /// Cancels an agent and its live descendants; returns once durable.
-    pub async fn cancel(&self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
-        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel(id, reason));
+    pub async fn cancel(
+        &self,
+        scope: &Scope,
+        id: AgentId,
+        reason: &str,
+    ) -> Result<Vec<AgentView>, Error> {
+        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel(scope, id, reason));
         let cancelled = cancelled?;
         self.durable(ticket).await?;
         Ok(cancelled)
     }
 
-    /// Cancels every live agent under a lead; returns once durable.
-    pub async fn cancel_lead(&self, lead: &str, reason: &str) -> Result<Vec<AgentView>, Error> {
-        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel_lead(lead, reason));
+    /// Cancels every live agent under `tenant`'s lead; returns once durable.
+    pub async fn cancel_lead(
+        &self,
+        tenant: &str,
+        lead: &str,
+        reason: &str,
+    ) -> Result<Vec<AgentView>, Error> {
+        let (cancelled, ticket) = self.with_core_ticket(|c| c.cancel_lead(tenant, lead, reason));
         self.durable(ticket).await?;
         Ok(cancelled)
     }
@@ -571,12 +591,13 @@ impl Scheduler {
     /// returns once durable.
     pub async fn approve(
         &self,
+        scope: &Scope,
         id: AgentId,
         approval_id: Uuid,
         outcome: ApprovalOutcome,
     ) -> Result<AgentView, Error> {
         let (decided, ticket) =
-            self.with_core_ticket(|c| c.decide_approval(id, approval_id, outcome));
+            self.with_core_ticket(|c| c.decide_approval(scope, id, approval_id, outcome));
         let view = decided?;
         self.durable(ticket).await?;
         Ok(view)
@@ -585,10 +606,11 @@ impl Scheduler {
     /// Sends a steer message; returns once durable.
     pub async fn steer(
         &self,
+        scope: &Scope,
         id: AgentId,
         message: String,
     ) -> Result<(AgentView, SteerDelivery), Error> {
-        let (steered, ticket) = self.with_core_ticket(|c| c.steer(id, message));
+        let (steered, ticket) = self.with_core_ticket(|c| c.steer(scope, id, message));
         let steered = steered?;
         self.durable(ticket).await?;
         Ok(steered)
@@ -643,6 +665,7 @@ impl Scheduler {
     /// Applies a reloaded config (limits, runs, agent types).
     pub fn reconfigure(&self, config: &Config) {
         self.with_core(|c| {
+            c.set_tenant_limits(config.tenants.clone());
             c.reconfigure(
                 config.limits.clone(),
                 config.runs.clone(),
@@ -761,7 +784,9 @@ impl Drop for CancelOnDrop {
                 }
                 _ => "the foreground caller went away",
             };
-            let _ = self.scheduler.with_core(|c| c.cancel(self.id, reason));
+            let _ = self
+                .scheduler
+                .with_core(|c| c.cancel(&Scope::All, self.id, reason));
         }
     }
 }
@@ -924,6 +949,7 @@ fn report_ended(ended: Vec<trace::EndedRun>, sink: Option<&dyn trace::SpanSink>)
         tracing::info!(
             target: self::core::LIFECYCLE,
             agent_id = %a.id,
+            tenant = %a.tenant,
             parent_id = a.parent_id.map(tracing::field::display),
             root_id = %a.root_id,
             agent = %a.agent,
@@ -1006,7 +1032,12 @@ mod tests {
         let (s, _writer) = durable_scheduler(runner.clone(), failing.clone());
         let first = s.spawn(spec()).await.expect("the first commit succeeds");
         let (done, _) = s
-            .await_agents(&[first.id], Some(Duration::from_secs(10)), AwaitMode::All)
+            .await_agents(
+                &crate::scheduler::Scope::All,
+                &[first.id],
+                Some(Duration::from_secs(10)),
+                AwaitMode::All,
+            )
             .await
             .unwrap();
         assert_eq!(done[0].status, AgentStatus::Done);
@@ -1015,7 +1046,10 @@ mod tests {
         failing.fail_after(0);
         let err = s.spawn(spec()).await.unwrap_err();
         assert!(matches!(err, Error::StoreFailed), "{err:?}");
-        let err = s.status(&[first.id], "ids").await.unwrap_err();
+        let err = s
+            .status(&crate::scheduler::Scope::All, &[first.id], "ids")
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::StoreFailed), "{err:?}");
         // Every task that could start the refused agent's run has run.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -1074,6 +1108,7 @@ mod tests {
         let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
         let worker = s.register_worker(
             WorkerInfo {
+                tenant: DEFAULT_TENANT.into(),
                 name: "w".into(),
                 agents: vec!["coder".into()],
                 capacity: 1,
@@ -1139,7 +1174,12 @@ mod tests {
         );
         let agent = s.spawn(spec()).await.unwrap();
         let (agents, timed_out) = s
-            .await_agents(&[agent.id], Some(Duration::from_secs(10)), AwaitMode::All)
+            .await_agents(
+                &crate::scheduler::Scope::All,
+                &[agent.id],
+                Some(Duration::from_secs(10)),
+                AwaitMode::All,
+            )
             .await
             .unwrap();
         assert!(!timed_out);
@@ -1166,7 +1206,12 @@ mod tests {
             .unwrap();
         // The paused clock jumps to the deadline as soon as everything idles.
         let (agents, _) = s
-            .await_agents(&[agent.id], None, AwaitMode::All)
+            .await_agents(
+                &crate::scheduler::Scope::All,
+                &[agent.id],
+                None,
+                AwaitMode::All,
+            )
             .await
             .unwrap();
         assert_eq!(agents[0].status, AgentStatus::Failed);
@@ -1182,7 +1227,10 @@ mod tests {
     }
 
     async fn settle(s: &Scheduler, id: AgentId) -> AgentView {
-        let (mut agents, timed_out) = s.await_agents(&[id], None, AwaitMode::All).await.unwrap();
+        let (mut agents, timed_out) = s
+            .await_agents(&crate::scheduler::Scope::All, &[id], None, AwaitMode::All)
+            .await
+            .unwrap();
         assert!(!timed_out);
         agents.pop().unwrap()
     }
@@ -1235,10 +1283,16 @@ mod tests {
             .unwrap();
         assert_eq!(settle(&s, fresh.id).await.status, AgentStatus::Done);
         // 36 minutes later the approval is still pending, not stale.
-        let waiting = s.status(&[paused.id], "id").await.unwrap().pop().unwrap();
+        let waiting = s
+            .status(&crate::scheduler::Scope::All, &[paused.id], "id")
+            .await
+            .unwrap()
+            .pop()
+            .unwrap();
         assert_eq!(waiting.status, AgentStatus::AwaitingApproval);
         let approval = waiting.approval.as_ref().unwrap().id;
         s.approve(
+            &crate::scheduler::Scope::All,
             paused.id,
             approval,
             ApprovalOutcome {

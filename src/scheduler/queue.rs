@@ -24,6 +24,10 @@ use super::types::{AgentId, ParentKey};
 /// Key of a concurrency bucket: a model ("provider/model") or a provider.
 pub type BucketKey = Arc<str>;
 
+/// Whose worker capacity an agent needs: (tenant, agent type). A worker
+/// serves only its own tenant's runs, so capacity is per tenant.
+pub type WorkerKey = (Arc<str>, Arc<str>);
+
 /// The full tuple of limits that hold a queued agent.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SubKey {
@@ -31,8 +35,9 @@ pub struct SubKey {
     pub bucket: BucketKey,
     /// Its parent for the per-parent limit.
     pub parent: ParentKey,
-    /// The agent type, when it needs a worker's capacity to start.
-    pub worker_type: Option<Arc<str>>,
+    /// Its tenant and agent type, when it needs a worker's capacity to
+    /// start.
+    pub worker_type: Option<WorkerKey>,
     /// Foreground: not held by its bucket or parent limit.
     pub foreground: bool,
 }
@@ -54,7 +59,7 @@ impl SubKey {
 pub struct Dirty {
     buckets: Vec<BucketKey>,
     parents: Vec<ParentKey>,
-    types: Vec<Arc<str>>,
+    types: Vec<WorkerKey>,
     all: bool,
 }
 
@@ -73,9 +78,9 @@ impl Dirty {
         }
     }
 
-    /// Worker capacity for an agent type grew (a worker connected or
-    /// freed a slot).
-    pub fn worker_type(&mut self, t: &Arc<str>) {
+    /// Worker capacity for a tenant's agent type grew (a worker connected
+    /// or freed a slot).
+    pub fn worker_type(&mut self, t: &WorkerKey) {
         if !self.types.contains(t) {
             self.types.push(t.clone());
         }
@@ -98,7 +103,7 @@ pub struct AdmissionQueue {
     subqueues: HashMap<SubKey, BTreeMap<u64, AgentId>>,
     by_bucket: HashMap<BucketKey, BTreeMap<u64, SubKey>>,
     by_parent: HashMap<ParentKey, BTreeMap<u64, SubKey>>,
-    by_type: HashMap<Arc<str>, BTreeMap<u64, SubKey>>,
+    by_type: HashMap<WorkerKey, BTreeMap<u64, SubKey>>,
     len: usize,
 }
 
@@ -193,7 +198,7 @@ impl AdmissionQueue {
         dirty: &Dirty,
         bucket_room: impl Fn(&BucketKey) -> bool,
         parent_room: impl Fn(&ParentKey) -> bool,
-        type_room: impl Fn(&str) -> bool,
+        type_room: impl Fn(&WorkerKey) -> bool,
     ) -> Option<(u64, AgentId, SubKey)> {
         let mut best: Option<(u64, &SubKey)> = None;
         let mut consider = |candidate: Option<(&u64, &'a SubKey)>| {
@@ -203,7 +208,7 @@ impl AdmissionQueue {
                 }
             }
         };
-        let worker_ok = |k: &SubKey| k.worker_type.as_deref().is_none_or(&type_room);
+        let worker_ok = |k: &SubKey| k.worker_type.as_ref().is_none_or(&type_room);
         let first_in_bucket = |b: &BucketKey, heads: &'a BTreeMap<u64, SubKey>| {
             if bucket_room(b) {
                 heads
@@ -213,7 +218,7 @@ impl AdmissionQueue {
                 None
             }
         };
-        let first_of_type = |t: &str, heads: &'a BTreeMap<u64, SubKey>| {
+        let first_of_type = |t: &WorkerKey, heads: &'a BTreeMap<u64, SubKey>| {
             if type_room(t) {
                 heads.iter().find(|(_, k)| {
                     k.foreground || (bucket_room(&k.bucket) && parent_room(&k.parent))

@@ -2,7 +2,7 @@
 //! lock it already holds (plain integers: no atomics, no extra lock) and
 //! read by the metrics endpoint when it is scraped.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use foldhash::HashMap;
 
@@ -128,40 +128,51 @@ impl BucketStats {
     }
 }
 
-/// Every bucket's numbers. Buckets stay once seen, so counters never go
-/// back (Prometheus counters must only grow).
+/// Every tenant's numbers per bucket. Entries stay once seen, so counters
+/// never go back (Prometheus counters must only grow).
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
-    buckets: HashMap<BucketKey, BucketStats>,
+    /// Tenant → bucket → numbers: looked up by `&str` on every change, so
+    /// no key is cloned but the first time.
+    tenants: HashMap<Arc<str>, HashMap<BucketKey, BucketStats>>,
 }
 
 impl Stats {
-    fn bucket(&mut self, bucket: &BucketKey) -> &mut BucketStats {
-        // Clone the key only the first time a bucket is seen.
-        if !self.buckets.contains_key(bucket) {
-            self.buckets.insert(bucket.clone(), BucketStats::default());
+    fn bucket(&mut self, tenant: &Arc<str>, bucket: &BucketKey) -> &mut BucketStats {
+        if !self.tenants.contains_key(&**tenant) {
+            self.tenants.insert(tenant.clone(), HashMap::default());
         }
-        self.buckets.get_mut(bucket).expect("inserted above")
+        let buckets = self.tenants.get_mut(&**tenant).expect("inserted above");
+        if !buckets.contains_key(&**bucket) {
+            buckets.insert(bucket.clone(), BucketStats::default());
+        }
+        buckets.get_mut(&**bucket).expect("inserted above")
     }
 
-    /// A new agent entered `bucket` (it starts QUEUED).
-    pub fn spawned(&mut self, bucket: &BucketKey) {
-        let b = self.bucket(bucket);
+    /// A new agent of `tenant` entered `bucket` (it starts QUEUED).
+    pub fn spawned(&mut self, tenant: &Arc<str>, bucket: &BucketKey) {
+        let b = self.bucket(tenant, bucket);
         b.spawned += 1;
         b.queued += 1;
     }
 
     /// An agent of `bucket` read back from a store, in `status` (counted in
     /// the gauges, not as spawned or finished: that happened before).
-    pub fn restored(&mut self, bucket: &BucketKey, status: AgentStatus) {
-        if let Some(n) = self.bucket(bucket).gauge(status) {
+    pub fn restored(&mut self, tenant: &Arc<str>, bucket: &BucketKey, status: AgentStatus) {
+        if let Some(n) = self.bucket(tenant, bucket).gauge(status) {
             *n += 1;
         }
     }
 
     /// An agent of `bucket` moved from `from` to `to`.
-    pub fn moved(&mut self, bucket: &BucketKey, from: AgentStatus, to: AgentStatus) {
-        let b = self.bucket(bucket);
+    pub fn moved(
+        &mut self,
+        tenant: &Arc<str>,
+        bucket: &BucketKey,
+        from: AgentStatus,
+        to: AgentStatus,
+    ) {
+        let b = self.bucket(tenant, bucket);
         if let Some(n) = b.gauge(from) {
             *n = n.saturating_sub(1);
         }
@@ -174,28 +185,36 @@ impl Stats {
     }
 
     /// A live agent in `status` moved from bucket `from` to `to` (reload).
-    pub fn rebucketed(&mut self, from: &BucketKey, to: &BucketKey, status: AgentStatus) {
-        if let Some(n) = self.bucket(from).gauge(status) {
+    pub fn rebucketed(
+        &mut self,
+        tenant: &Arc<str>,
+        from: &BucketKey,
+        to: &BucketKey,
+        status: AgentStatus,
+    ) {
+        if let Some(n) = self.bucket(tenant, from).gauge(status) {
             *n = n.saturating_sub(1);
         }
-        if let Some(n) = self.bucket(to).gauge(status) {
+        if let Some(n) = self.bucket(tenant, to).gauge(status) {
             *n += 1;
         }
     }
 
     /// An agent of `bucket` started for the first time after `wait`.
-    pub fn first_start(&mut self, bucket: &BucketKey, wait: Duration) {
-        self.bucket(bucket).queue_wait.observe(wait);
+    pub fn first_start(&mut self, tenant: &Arc<str>, bucket: &BucketKey, wait: Duration) {
+        self.bucket(tenant, bucket).queue_wait.observe(wait);
     }
 
     /// A started agent of `bucket` ended after running for `ran`.
-    pub fn ended(&mut self, bucket: &BucketKey, ran: Duration) {
-        self.bucket(bucket).run_duration.observe(ran);
+    pub fn ended(&mut self, tenant: &Arc<str>, bucket: &BucketKey, ran: Duration) {
+        self.bucket(tenant, bucket).run_duration.observe(ran);
     }
 
-    /// Every bucket seen, in no particular order.
-    pub fn buckets(&self) -> impl Iterator<Item = (&BucketKey, &BucketStats)> {
-        self.buckets.iter()
+    /// Every (tenant, bucket) seen, in no particular order.
+    pub fn buckets(&self) -> impl Iterator<Item = (&Arc<str>, &BucketKey, &BucketStats)> {
+        self.tenants
+            .iter()
+            .flat_map(|(t, buckets)| buckets.iter().map(move |(b, s)| (t, b, s)))
     }
 }
 
@@ -217,19 +236,30 @@ mod tests {
     #[test]
     fn gauges_follow_moves_and_counters_only_grow() {
         let mut s = Stats::default();
+        let (t, u): (Arc<str>, Arc<str>) = ("team-a".into(), "team-b".into());
         let b: BucketKey = "acme/m".into();
-        s.spawned(&b);
-        s.spawned(&b);
-        s.moved(&b, AgentStatus::Queued, AgentStatus::Running);
-        s.moved(&b, AgentStatus::Running, AgentStatus::AwaitingApproval);
-        s.moved(&b, AgentStatus::Queued, AgentStatus::Cancelled);
-        let st = &s.buckets[&b];
+        s.spawned(&t, &b);
+        s.spawned(&t, &b);
+        s.spawned(&u, &b);
+        s.moved(&t, &b, AgentStatus::Queued, AgentStatus::Running);
+        s.moved(&t, &b, AgentStatus::Running, AgentStatus::AwaitingApproval);
+        s.moved(&t, &b, AgentStatus::Queued, AgentStatus::Cancelled);
+        let of = |s: &Stats, tenant: &str, bucket: &str| {
+            s.buckets()
+                .find(|(t, b, _)| &***t == tenant && &***b == bucket)
+                .map(|(_, _, st)| st.clone())
+                .expect("seen")
+        };
+        let st = of(&s, "team-a", "acme/m");
         assert_eq!((st.queued, st.running, st.awaiting_approval), (0, 0, 1));
         assert_eq!(st.spawned, 2);
         assert_eq!(st.finished, [0, 0, 1]);
+        let other_tenant = of(&s, "team-b", "acme/m");
+        assert_eq!((other_tenant.queued, other_tenant.spawned), (1, 1));
         let other: BucketKey = "acme".into();
-        s.rebucketed(&b, &other, AgentStatus::AwaitingApproval);
-        assert_eq!(s.buckets[&b].live(), 0);
-        assert_eq!(s.buckets[&other].awaiting_approval, 1);
+        s.rebucketed(&t, &b, &other, AgentStatus::AwaitingApproval);
+        assert_eq!(of(&s, "team-a", "acme/m").live(), 0);
+        assert_eq!(of(&s, "team-a", "acme").awaiting_approval, 1);
+        assert_eq!(of(&s, "team-b", "acme/m").live(), 1);
     }
 }

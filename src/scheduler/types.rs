@@ -73,8 +73,9 @@ impl<'a> ModelRef<'a> {
 pub enum ParentKey {
     /// A root agent without a lead: no per-parent limit applies.
     None,
-    /// A root agent of a lead (the frontend's own run).
-    Lead(Arc<str>),
+    /// A root agent of a lead (the frontend's own run): the tenant, then
+    /// the lead id, since two tenants' equal lead ids are unrelated.
+    Lead(Arc<str>, Arc<str>),
     /// A child of an agent.
     Agent(AgentId),
 }
@@ -155,6 +156,8 @@ pub type Labels = Arc<BTreeMap<String, String>>;
 pub struct AgentView {
     /// Server-assigned id.
     pub id: AgentId,
+    /// The tenant it belongs to: the tenant of whoever spawned it.
+    pub tenant: Arc<str>,
     /// Agent type.
     pub agent: Arc<str>,
     /// "provider/model".
@@ -226,6 +229,10 @@ impl AgentView {
 /// A validated Spawn request.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnSpec {
+    /// The caller's tenant: where the agent lands, and the only tenant its
+    /// parent, lead and idempotency key are looked up in. Empty: the
+    /// [`DEFAULT_TENANT`].
+    pub tenant: Arc<str>,
     /// Agent type.
     pub agent: String,
     /// "provider/model", already checked to parse.
@@ -255,6 +262,9 @@ pub struct SpawnSpec {
 /// Filters of Status and WatchAgents; unset fields match everything.
 #[derive(Debug, Clone, Default)]
 pub struct AgentFilter {
+    /// Only this tenant's agents (None = every tenant's: only an admin's
+    /// unfiltered call).
+    pub tenant: Option<Arc<str>>,
     /// Only these agents (empty = any).
     pub ids: Vec<AgentId>,
     /// Direct children of this agent.
@@ -270,7 +280,8 @@ pub struct AgentFilter {
 impl AgentFilter {
     /// Whether the agent passes every set filter.
     pub fn matches(&self, a: &AgentView) -> bool {
-        (self.ids.is_empty() || self.ids.contains(&a.id))
+        self.tenant.as_deref().is_none_or(|t| *a.tenant == *t)
+            && (self.ids.is_empty() || self.ids.contains(&a.id))
             && self.parent_id.is_none_or(|p| a.parent_id == Some(p))
             && self.root_id.is_none_or(|r| a.root_id == r)
             && self
@@ -278,6 +289,30 @@ impl AgentFilter {
                 .as_deref()
                 .is_none_or(|l| a.lead_id.as_deref() == Some(l))
             && (self.statuses.is_empty() || self.statuses.contains(&a.status))
+    }
+}
+
+/// The tenant of every agent when authentication is off, and of a
+/// [`SpawnSpec`] that names none.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Whose agents a call may find by id and act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// One tenant's: every caller but an admin.
+    Tenant(Arc<str>),
+    /// Every tenant's: an admin, and the server itself.
+    All,
+}
+
+impl Scope {
+    /// Whether an agent of `tenant` is visible in this scope. Callers
+    /// treat an invisible agent exactly as one that never existed.
+    pub fn admits(&self, tenant: &str) -> bool {
+        match self {
+            Scope::Tenant(own) => **own == *tenant,
+            Scope::All => true,
+        }
     }
 }
 

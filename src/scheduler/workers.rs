@@ -21,7 +21,10 @@ use foldhash::{HashMap, HashSet};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::types::{AgentError, AgentId, AgentView, ApprovalOutcome, Usage};
+use super::{
+    queue::WorkerKey,
+    types::{AgentError, AgentId, AgentView, ApprovalOutcome, Usage},
+};
 
 /// Server-assigned id of one worker session.
 pub type WorkerId = Uuid;
@@ -29,6 +32,8 @@ pub type WorkerId = Uuid;
 /// What a worker says about itself when it connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerInfo {
+    /// The tenant of its credential: it serves only this tenant's runs.
+    pub tenant: Arc<str>,
     /// Human-readable name; need not be unique.
     pub name: Arc<str>,
     /// Agent types it runs.
@@ -37,6 +42,16 @@ pub struct WorkerInfo {
     pub capacity: u32,
     /// Free-form labels.
     pub labels: BTreeMap<String, String>,
+}
+
+impl WorkerInfo {
+    /// The capacity keys it serves: its tenant with each of its types.
+    fn keys(&self) -> Vec<WorkerKey> {
+        self.agents
+            .iter()
+            .map(|t| (self.tenant.clone(), t.clone()))
+            .collect()
+    }
 }
 
 /// A run a reconnecting worker says it still holds.
@@ -168,8 +183,8 @@ impl Worker {
 #[derive(Debug, Default)]
 pub struct WorkerPool {
     workers: HashMap<WorkerId, Worker>,
-    /// Agent type → workers serving it, in connection order.
-    serving: HashMap<Arc<str>, Vec<WorkerId>>,
+    /// (Tenant, agent type) → workers serving it, in connection order.
+    serving: HashMap<WorkerKey, Vec<WorkerId>>,
 }
 
 /// How the workers of one agent type are doing, for queue reasons.
@@ -191,8 +206,8 @@ impl WorkerPool {
         commands: mpsc::UnboundedSender<WorkerCommand>,
     ) -> WorkerId {
         let id = Uuid::now_v7();
-        for agent in &info.agents {
-            self.serving.entry(agent.clone()).or_default().push(id);
+        for key in info.keys() {
+            self.serving.entry(key).or_default().push(id);
         }
         self.workers.insert(
             id,
@@ -219,11 +234,11 @@ impl WorkerPool {
     /// capacity goes with it).
     pub fn remove(&mut self, id: WorkerId) -> Option<(WorkerInfo, Vec<AgentId>)> {
         let worker = self.workers.remove(&id)?;
-        for agent in &worker.info.agents {
-            if let Some(ids) = self.serving.get_mut(agent) {
+        for key in worker.info.keys() {
+            if let Some(ids) = self.serving.get_mut(&key) {
                 ids.retain(|w| *w != id);
                 if ids.is_empty() {
-                    self.serving.remove(agent);
+                    self.serving.remove(&key);
                 }
             }
         }
@@ -237,22 +252,31 @@ impl WorkerPool {
         self.workers.contains_key(&id)
     }
 
-    /// The agent types a worker serves.
-    pub fn agents_of(&self, id: WorkerId) -> &[Arc<str>] {
-        self.workers.get(&id).map_or(&[], |w| &w.info.agents)
+    /// The (tenant, agent type) keys a worker serves.
+    pub fn keys_of(&self, id: WorkerId) -> Vec<WorkerKey> {
+        self.workers
+            .get(&id)
+            .map_or_else(Vec::new, |w| w.info.keys())
     }
 
-    /// Whether some worker serving `agent_type` has a free slot.
-    pub fn has_room(&self, agent_type: &str) -> bool {
+    /// Whether a worker serves `agent_type` of `tenant`.
+    pub fn serves(&self, id: WorkerId, tenant: &str, agent_type: &str) -> bool {
+        self.workers.get(&id).is_some_and(|w| {
+            *w.info.tenant == *tenant && w.info.agents.iter().any(|t| **t == *agent_type)
+        })
+    }
+
+    /// Whether some worker serving `key` has a free slot.
+    pub fn has_room(&self, key: &WorkerKey) -> bool {
         self.serving
-            .get(agent_type)
+            .get(key)
             .is_some_and(|ids| ids.iter().any(|id| self.workers[id].free() > 0))
     }
 
-    /// Totals over the workers serving `agent_type`.
-    pub fn capacity_of(&self, agent_type: &str) -> TypeCapacity {
+    /// Totals over the workers serving `key`.
+    pub fn capacity_of(&self, key: &WorkerKey) -> TypeCapacity {
         let mut total = TypeCapacity::default();
-        for id in self.serving.get(agent_type).into_iter().flatten() {
+        for id in self.serving.get(key).into_iter().flatten() {
             let w = &self.workers[id];
             total.workers += 1;
             total.capacity += w.info.capacity;
@@ -261,10 +285,10 @@ impl WorkerPool {
         total
     }
 
-    /// The worker serving `agent_type` with the most free capacity (the
-    /// earliest connected among equals), if any has room.
-    pub fn pick(&self, agent_type: &str) -> Option<WorkerId> {
-        let ids = self.serving.get(agent_type)?;
+    /// The worker serving `key` with the most free capacity (the earliest
+    /// connected among equals), if any has room.
+    pub fn pick(&self, key: &WorkerKey) -> Option<WorkerId> {
+        let ids = self.serving.get(key)?;
         let mut best: Option<(u32, WorkerId)> = None;
         for id in ids {
             let free = self.workers[id].free();
@@ -326,11 +350,16 @@ mod tests {
 
     fn info(name: &str, agents: &[&str], capacity: u32) -> WorkerInfo {
         WorkerInfo {
+            tenant: "t".into(),
             name: name.into(),
             agents: agents.iter().map(|a| Arc::from(*a)).collect(),
             capacity,
             labels: BTreeMap::new(),
         }
+    }
+
+    fn key(agent_type: &str) -> WorkerKey {
+        ("t".into(), agent_type.into())
     }
 
     fn pool_with(workers: &[(&str, &[&str], u32)]) -> (WorkerPool, Vec<WorkerId>) {
@@ -345,13 +374,13 @@ mod tests {
     #[test]
     fn picks_the_worker_with_the_most_free_capacity() {
         let (mut pool, ids) = pool_with(&[("a", &["coder"], 2), ("b", &["coder"], 3)]);
-        assert_eq!(pool.pick("coder"), Some(ids[1]));
+        assert_eq!(pool.pick(&key("coder")), Some(ids[1]));
         pool.hold(ids[1], Uuid::from_u128(1));
         pool.hold(ids[1], Uuid::from_u128(2));
         // a: 2 free, b: 1 free.
-        assert_eq!(pool.pick("coder"), Some(ids[0]));
-        assert_eq!(pool.pick("reviewer"), None);
-        assert!(!pool.has_room("reviewer"));
+        assert_eq!(pool.pick(&key("coder")), Some(ids[0]));
+        assert_eq!(pool.pick(&key("reviewer")), None);
+        assert!(!pool.has_room(&key("reviewer")));
     }
 
     #[test]
@@ -359,11 +388,11 @@ mod tests {
         let (mut pool, ids) = pool_with(&[("a", &["coder"], 1)]);
         let run = Uuid::from_u128(7);
         pool.hold(ids[0], run);
-        assert!(!pool.has_room("coder"));
-        assert_eq!(pool.pick("coder"), None);
+        assert!(!pool.has_room(&key("coder")));
+        assert_eq!(pool.pick(&key("coder")), None);
         assert!(pool.release(ids[0], run));
         assert!(!pool.release(ids[0], run), "a second release is a no-op");
-        assert!(pool.has_room("coder"));
+        assert!(pool.has_room(&key("coder")));
     }
 
     #[test]
@@ -372,12 +401,20 @@ mod tests {
         let run = Uuid::from_u128(3);
         pool.hold(ids[0], run);
         assert!(pool.drain(ids[0]));
-        assert_eq!(pool.pick("coder"), Some(ids[1]), "a, though freer, drains");
+        assert_eq!(
+            pool.pick(&key("coder")),
+            Some(ids[1]),
+            "a, though freer, drains"
+        );
         pool.hold(ids[1], Uuid::from_u128(4));
-        assert!(!pool.has_room("coder"));
+        assert!(!pool.has_room(&key("coder")));
         assert!(pool.holds(ids[0], run));
         assert!(pool.release(ids[0], run));
-        assert_eq!(pool.pick("coder"), None, "released capacity stays closed");
+        assert_eq!(
+            pool.pick(&key("coder")),
+            None,
+            "released capacity stays closed"
+        );
         assert!(!pool.drain(Uuid::from_u128(99)));
     }
 
@@ -389,9 +426,36 @@ mod tests {
         let (info, held) = pool.remove(ids[0]).expect("known");
         assert_eq!(&*info.name, "a");
         assert_eq!(held, vec![Uuid::from_u128(1), Uuid::from_u128(2)]);
-        assert!(!pool.has_room("tester"));
-        assert!(pool.has_room("coder"));
-        assert_eq!(pool.capacity_of("coder").workers, 1);
+        assert!(!pool.has_room(&key("tester")));
+        assert!(pool.has_room(&key("coder")));
+        assert_eq!(pool.capacity_of(&key("coder")).workers, 1);
         assert!(pool.remove(ids[0]).is_none());
+    }
+
+    #[test]
+    fn a_worker_serves_only_its_own_tenant() {
+        let (mut pool, ids) = pool_with(&[("a", &["coder"], 2)]);
+        let other = pool.register(
+            WorkerInfo {
+                tenant: "u".into(),
+                ..info("b", &["coder"], 5)
+            },
+            mpsc::unbounded_channel().0,
+        );
+        assert_eq!(
+            pool.pick(&key("coder")),
+            Some(ids[0]),
+            "b has more room but is u's"
+        );
+        assert_eq!(pool.pick(&("u".into(), "coder".into())), Some(other));
+        assert_eq!(pool.capacity_of(&key("coder")).capacity, 2);
+        assert!(pool.serves(ids[0], "t", "coder"));
+        assert!(!pool.serves(ids[0], "u", "coder"));
+        pool.hold(ids[0], Uuid::from_u128(1));
+        pool.hold(ids[0], Uuid::from_u128(2));
+        assert!(
+            !pool.has_room(&key("coder")),
+            "u's worker never makes room for t"
+        );
     }
 }

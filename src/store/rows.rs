@@ -78,6 +78,10 @@ pub(super) struct ViewRow {
     trace_id: Vec<u8>,
     #[prost(uint32, tag = "24")]
     attempt: u32,
+    /// Empty in rows written before tenants existed: those agents belong
+    /// to the tenant of a server without authentication.
+    #[prost(string, tag = "25")]
+    tenant: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -289,6 +293,7 @@ fn view_row(v: &AgentView) -> ViewRow {
         worker_id: v.worker_id.map(|w| w.as_bytes().to_vec()),
         trace_id: v.trace_id.get().to_be_bytes().to_vec(),
         attempt: v.attempt,
+        tenant: v.tenant.to_string(),
     }
 }
 
@@ -298,6 +303,11 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         .and_then(|b| TraceId::new(u128::from_be_bytes(b)))
         .ok_or_else(|| corrupt("agent view", "invalid trace id"))?;
     Ok(AgentView {
+        tenant: if r.tenant.is_empty() {
+            crate::scheduler::DEFAULT_TENANT.into()
+        } else {
+            r.tenant.as_str().into()
+        },
         id: uuid_of(&r.id)?,
         agent: r.agent.into(),
         model: r.model.into(),
@@ -471,6 +481,7 @@ pub(crate) mod tests {
         let t = UNIX_EPOCH + Duration::new(1_790_000_000, 123_456_789);
         AgentState {
             view: AgentView {
+                tenant: "team-a".into(),
                 id,
                 agent: "coder".into(),
                 model: "p/m".into(),

@@ -47,6 +47,8 @@ pub struct RpcLabels {
 /// Labels of the rejected-spawn counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
+    /// The caller's tenant.
+    pub tenant: String,
     /// The ErrorInfo reason, e.g. `GLOBAL_LIMIT_REACHED`.
     pub reason: &'static str,
 }
@@ -86,9 +88,14 @@ impl ApiMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// A Spawn was refused with `reason`.
-    pub fn spawn_rejected(&self, reason: &'static str) {
-        self.rejected.get_or_create(&ReasonLabels { reason }).inc();
+    /// A Spawn of `tenant` was refused with `reason`.
+    pub fn spawn_rejected(&self, tenant: &str, reason: &'static str) {
+        self.rejected
+            .get_or_create(&ReasonLabels {
+                tenant: tenant.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     /// A WatchAgents subscriber was cut off for falling behind.
@@ -191,11 +198,13 @@ struct SchedulerCollector {
 struct Snapshot {
     buckets: Vec<BucketRow>,
     live_background: u32,
+    tenants_live: Vec<(String, u32)>,
     limits: Vec<(&'static str, u32)>,
     watch_subscribers: usize,
 }
 
 struct BucketRow {
+    tenant: String,
     bucket: String,
     limit: u32,
     queued: u32,
@@ -214,7 +223,8 @@ impl SchedulerCollector {
             let mut buckets: Vec<BucketRow> = core
                 .stats()
                 .buckets()
-                .map(|(key, s)| BucketRow {
+                .map(|(tenant, key, s)| BucketRow {
+                    tenant: tenant.to_string(),
                     bucket: key.to_string(),
                     limit: core.limit_of_bucket(key),
                     queued: s.queued,
@@ -226,10 +236,18 @@ impl SchedulerCollector {
                     run_duration: s.run_duration.clone(),
                 })
                 .collect();
-            buckets.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+            buckets.sort_by(|a, b| (&a.bucket, &a.tenant).cmp(&(&b.bucket, &b.tenant)));
             Snapshot {
                 buckets,
                 live_background: core.live_background(),
+                tenants_live: {
+                    let mut t: Vec<(String, u32)> = core
+                        .live_background_by_tenant()
+                        .map(|(t, n)| (t.to_owned(), n))
+                        .collect();
+                    t.sort();
+                    t
+                },
                 limits: vec![
                     ("max_background_agents", l.max_background_agents),
                     ("default_concurrency", l.default_concurrency),
@@ -266,12 +284,15 @@ fn histogram(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: &[(&str, &CoreHistogram)],
+    rows: &[(&BucketRow, &CoreHistogram)],
 ) -> Result<(), std::fmt::Error> {
     let unit = Unit::Seconds;
     let mut metric = encoder.encode_descriptor(name, help, Some(&unit), MetricType::Histogram)?;
-    for (bucket, h) in rows {
-        let labels = [("bucket", *bucket)];
+    for (row, h) in rows {
+        let labels = [
+            ("tenant", row.tenant.as_str()),
+            ("bucket", row.bucket.as_str()),
+        ];
         metric
             .encode_family(&labels)?
             .encode_histogram::<NoLabelSet>(h.sum(), h.count(), &h.buckets(), None)?;
@@ -289,20 +310,25 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
                 ("awaiting_approval", r.awaiting),
             ]
         };
-        let mut global = [0i64; 3];
+        let mut by_tenant: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
         for r in &s.buckets {
+            let sums = by_tenant.entry(r.tenant.as_str()).or_default();
             for (i, (_, n)) in states(r).into_iter().enumerate() {
-                global[i] += i64::from(n);
+                sums[i] += i64::from(n);
             }
         }
         gauge(
             &mut encoder,
             "bucket_agents",
-            "Live agents per bucket and state (queued, running, awaiting_approval)",
+            "Live agents per tenant, bucket and state (queued, running, awaiting_approval)",
             s.buckets.iter().flat_map(|r| {
                 states(r).map(|(state, n)| {
                     (
-                        [("bucket", r.bucket.as_str()), ("state", state)],
+                        [
+                            ("tenant", r.tenant.as_str()),
+                            ("bucket", r.bucket.as_str()),
+                            ("state", state),
+                        ],
                         i64::from(n),
                     )
                 })
@@ -311,17 +337,27 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
         gauge(
             &mut encoder,
             "agents",
-            "Live agents across all buckets, by state",
-            ["queued", "running", "awaiting_approval"]
-                .into_iter()
-                .zip(global)
-                .map(|(state, n)| ([("state", state)], n)),
+            "Live agents across all buckets, by tenant and state",
+            by_tenant.iter().flat_map(|(tenant, sums)| {
+                ["queued", "running", "awaiting_approval"]
+                    .into_iter()
+                    .zip(*sums)
+                    .map(|(state, n)| ([("tenant", *tenant), ("state", state)], n))
+            }),
         )?;
         gauge(
             &mut encoder,
             "background_agents",
             "Live background agents: the usage of [limits] max_background_agents",
             [(NO_LABELS, i64::from(s.live_background))],
+        )?;
+        gauge(
+            &mut encoder,
+            "tenant_background_agents",
+            "Live background agents per tenant: the usage of [tenants.NAME] max_background_agents",
+            s.tenants_live
+                .iter()
+                .map(|(tenant, n)| ([("tenant", tenant.as_str())], i64::from(*n))),
         )?;
         gauge(
             &mut encoder,
@@ -335,9 +371,13 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
             &mut encoder,
             "bucket_limit",
             "Running-agent limit of each bucket (model entry, provider entry or default; 0 = unlimited)",
+            // One row per bucket, however many tenants use it (rows are
+            // sorted by bucket).
             s.buckets
                 .iter()
-                .map(|r| ([("bucket", r.bucket.as_str())], i64::from(r.limit))),
+                .enumerate()
+                .filter(|(i, r)| *i == 0 || s.buckets[i - 1].bucket != r.bucket)
+                .map(|(_, r)| ([("bucket", r.bucket.as_str())], i64::from(r.limit))),
         )?;
         gauge(
             &mut encoder,
@@ -348,50 +388,48 @@ impl prometheus_client::collector::Collector for SchedulerCollector {
 
         let mut spawned = encoder.encode_descriptor(
             "agents_spawned",
-            "Agents admitted, by bucket",
+            "Agents admitted, by tenant and bucket",
             None,
             MetricType::Counter,
         )?;
         for r in &s.buckets {
-            let labels = [("bucket", r.bucket.as_str())];
+            let labels = [("tenant", r.tenant.as_str()), ("bucket", r.bucket.as_str())];
             spawned
                 .encode_family(&labels)?
                 .encode_counter::<NoLabelSet, _, u64>(&r.spawned, None)?;
         }
         let mut finished = encoder.encode_descriptor(
             "agents_finished",
-            "Agents ended, by bucket and terminal status (DONE, FAILED, CANCELLED)",
+            "Agents ended, by tenant, bucket and terminal status (DONE, FAILED, CANCELLED)",
             None,
             MetricType::Counter,
         )?;
         for r in &s.buckets {
             for (status, n) in FINISHED_STATUSES.iter().zip(r.finished) {
-                let labels = [("bucket", r.bucket.as_str()), ("status", status.name())];
+                let labels = [
+                    ("tenant", r.tenant.as_str()),
+                    ("bucket", r.bucket.as_str()),
+                    ("status", status.name()),
+                ];
                 finished
                     .encode_family(&labels)?
                     .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
             }
         }
-        let waits: Vec<(&str, &CoreHistogram)> = s
-            .buckets
-            .iter()
-            .map(|r| (r.bucket.as_str(), &r.queue_wait))
-            .collect();
+        let waits: Vec<(&BucketRow, &CoreHistogram)> =
+            s.buckets.iter().map(|r| (r, &r.queue_wait)).collect();
         histogram(
             &mut encoder,
             "queue_wait",
-            "Time from admission to first start, by bucket",
+            "Time from admission to first start, by tenant and bucket",
             &waits,
         )?;
-        let runs: Vec<(&str, &CoreHistogram)> = s
-            .buckets
-            .iter()
-            .map(|r| (r.bucket.as_str(), &r.run_duration))
-            .collect();
+        let runs: Vec<(&BucketRow, &CoreHistogram)> =
+            s.buckets.iter().map(|r| (r, &r.run_duration)).collect();
         histogram(
             &mut encoder,
             "run_duration",
-            "Time from first start to the end, by bucket",
+            "Time from first start to the end, by tenant and bucket",
             &runs,
         )
     }

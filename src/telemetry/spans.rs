@@ -128,6 +128,7 @@ impl RunSpans {
                 "gen_ai.usage.output_tokens",
                 saturate(a.usage.output_tokens),
             ),
+            KeyValue::new("subagentd.tenant", a.tenant.to_string()),
             KeyValue::new("subagentd.depth", i64::from(a.depth)),
             KeyValue::new("subagentd.root_id", a.root_id.to_string()),
             KeyValue::new("subagentd.bucket", a.bucket.to_string()),
@@ -289,6 +290,7 @@ mod tests {
     fn agent(status: AgentStatus) -> AgentView {
         let now = SystemTime::now();
         AgentView {
+            tenant: "team-a".into(),
             id: uuid::Uuid::now_v7(),
             agent: "coder".into(),
             model: "acme/m1".into(),

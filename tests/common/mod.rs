@@ -1,6 +1,7 @@
 //! Shared helpers: a real server on 127.0.0.1:0 and a generated client.
 #![allow(dead_code)]
 
+pub mod auth;
 pub mod child;
 pub mod cli;
 pub mod openai;

@@ -28,15 +28,19 @@ impl Core {
         }
         // A retry whose first response was lost gets the first agent, even
         // if its parent has ended or the config changed since.
+        let tenant = match &*spec.tenant {
+            "" => self.intern(DEFAULT_TENANT),
+            named => self.intern(named),
+        };
         if let Some(key) = spec.idempotency_key.as_deref() {
             let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
                 (Some(pid), _) => ParentKey::Agent(pid),
-                (None, Some(lead)) => ParentKey::Lead(lead.into()),
+                (None, Some(lead)) => ParentKey::Lead(tenant.clone(), lead.into()),
                 (None, None) => ParentKey::None,
             };
             if let Some(rec) = self
                 .idempotency
-                .get(&(parent_key, Arc::from(key)))
+                .get(&(tenant.clone(), parent_key, Arc::from(key)))
                 .and_then(|id| self.agents.get(id))
             {
                 return Ok((self.view_of(rec), true));
@@ -45,10 +49,16 @@ impl Core {
         self.check_spec(&spec)?;
         let parent = match spec.parent_id {
             Some(pid) => {
-                let p = self.agents.get(&pid).ok_or(Error::NotFound {
-                    field: "parent_id",
-                    id: pid.to_string(),
-                })?;
+                // Another tenant's agent is not a parent: it does not exist
+                // for this caller.
+                let p = self
+                    .agents
+                    .get(&pid)
+                    .filter(|p| p.view.tenant == tenant)
+                    .ok_or(Error::NotFound {
+                        field: "parent_id",
+                        id: pid.to_string(),
+                    })?;
                 if p.view.status.is_terminal() {
                     return Err(Error::AgentFinished {
                         field: "parent_id",
@@ -69,7 +79,9 @@ impl Core {
             ),
             None => {
                 let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
-                let key = lead.clone().map_or(ParentKey::None, ParentKey::Lead);
+                let key = lead.clone().map_or(ParentKey::None, |lead| {
+                    ParentKey::Lead(tenant.clone(), lead)
+                });
                 (key, None, lead, 1)
             }
         };
@@ -91,11 +103,26 @@ impl Core {
                 });
             }
         }
+        let own = self.tenant_limits.get(&*tenant).copied();
+        if let Some(own) = own.filter(|t| spec.background && t.max_background_agents > 0) {
+            let live = self.tenant_live.get(&tenant).copied().unwrap_or(0);
+            if live >= own.max_background_agents {
+                return Err(Error::TenantLimit {
+                    tenant,
+                    limit: own.max_background_agents,
+                    live,
+                });
+            }
+        }
         if spec.background && self.live_background >= self.limits.max_background_agents {
             return Err(Error::GlobalLimit {
                 limit: self.limits.max_background_agents,
                 live: self.live_background,
             });
+        }
+        // Last: only a Spawn every other check admits takes a token.
+        if let Some(own) = own.filter(|t| t.spawn_rate > 0.0) {
+            self.take_spawn_token(&tenant, own)?;
         }
 
         let (trace, span) = self.trace_for(
@@ -112,6 +139,7 @@ impl Core {
         let runner = self.agent_types[&spec.agent].runner;
         let view = AgentView {
             id,
+            tenant,
             agent: self.intern(&spec.agent),
             model: self.intern(&spec.model),
             description: self.text(spec.description),
@@ -148,10 +176,9 @@ impl Core {
             runner,
             prompt: Some(spec.prompt.into()),
             timeout: spec.timeout.unwrap_or(self.runs.default_timeout),
-            steer_buffer: Vec::new(),
+            rare: Record::rare(Vec::new(), idem_key.clone()),
             run: None,
             children: Vec::new(),
-            idempotency_key: idem_key.clone(),
             span_id: trace.span_id,
             sampled: trace.sampled,
             span,
@@ -162,22 +189,27 @@ impl Core {
             }
         }
         if let Some(k) = idem_key {
-            self.idempotency.insert((parent_key.clone(), k), id);
+            self.idempotency
+                .insert((record.view.tenant.clone(), parent_key.clone(), k), id);
         }
         if let Some(lead) = &record.view.lead_id {
-            self.lead_live.entry(lead.clone()).or_default().insert(id);
+            self.lead_live
+                .entry((record.view.tenant.clone(), lead.clone()))
+                .or_default()
+                .insert(id);
         }
         self.agents.insert(id, Box::new(record));
         self.order.insert(seq, id);
         let rec = &self.agents[&id];
         if let Some(lead) = &rec.view.lead_id {
-            self.by_lead.insert((lead.clone(), seq), id);
+            self.by_lead
+                .insert((rec.view.tenant.clone(), lead.clone(), seq), id);
         }
         self.by_root.insert((rec.view.root_id, seq), id);
         self.by_status.moved(seq, id, None, AgentStatus::Queued);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
-        self.stats.spawned(&bucket);
+        self.stats.spawned(&self.agents[&id].view.tenant, &bucket);
 
         let mut dirty = Dirty::default();
         if self.can_start(&self.agents[&id]) {
@@ -253,6 +285,36 @@ impl Core {
         }
     }
 
+    /// Takes one token of `tenant`'s spawn bucket, refilled at
+    /// `spawn_rate` per second up to its burst; RATE_LIMITED when empty.
+    fn take_spawn_token(
+        &mut self,
+        tenant: &Arc<str>,
+        own: crate::config::TenantLimits,
+    ) -> Result<(), Error> {
+        let now = tokio::time::Instant::now();
+        let burst = own.burst();
+        let (tokens, at) = self
+            .spawn_tokens
+            .entry(tenant.clone())
+            .or_insert((burst, now));
+        let refilled =
+            (*tokens + now.duration_since(*at).as_secs_f64() * own.spawn_rate).min(burst);
+        *at = now;
+        if refilled >= 1.0 {
+            *tokens = refilled - 1.0;
+            Ok(())
+        } else {
+            *tokens = refilled;
+            Err(Error::RateLimited {
+                tenant: tenant.clone(),
+                rate: own.spawn_rate.to_string(),
+                burst: burst as u32,
+                retry_after: std::time::Duration::from_secs_f64((1.0 - refilled) / own.spawn_rate),
+            })
+        }
+    }
+
     /// Takes the slots in `held` for a record (used when it first enters).
     pub(super) fn acquire(&mut self, id: AgentId, held: Held) {
         let rec = &self.agents[&id];
@@ -263,6 +325,7 @@ impl Core {
         );
         if held.global {
             self.live_background += 1;
+            *self.tenant_live.entry(rec.view.tenant.clone()).or_default() += 1;
         }
         if held.bucket {
             *self.bucket_running.entry(bucket).or_default() += 1;
@@ -293,6 +356,8 @@ impl Core {
         }
         if held.global {
             self.live_background -= 1;
+            let tenant = rec.view.tenant.clone();
+            dec(&mut self.tenant_live, &tenant);
         }
         // Only a limit that was full can have agents waiting on it alone:
         // one that had room already held nobody back, so it need not be
@@ -323,8 +388,8 @@ impl Core {
         // free capacity. Admission checked there is one; the agent leaves
         // the queue under its key *before* the assignment changes that key
         // (the removal in `transition` then finds nothing to do).
-        if let Some(agent_type) = rec.needs_worker() {
-            let Some(worker) = self.workers.pick(agent_type) else {
+        if let Some(key) = rec.needs_worker() {
+            let Some(worker) = self.workers.pick(&key) else {
                 debug_assert!(false, "started without worker capacity");
                 return;
             };
@@ -338,7 +403,8 @@ impl Core {
         if rec.view.started_at.is_none() {
             rec.view.started_at = Some(now);
             let waited = now.duration_since(rec.view.created_at).unwrap_or_default();
-            self.stats.first_start(&rec.view.bucket, waited);
+            self.stats
+                .first_start(&rec.view.tenant, &rec.view.bucket, waited);
         }
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
@@ -353,10 +419,10 @@ impl Core {
             .view
             .worker_id
             .filter(|_| rec.runner == RunnerKind::Worker);
-        let run = rec.run.as_ref().expect("run controls exist");
         // Steer messages that waited: a worker gets them in its assignment
         // (or after the approval decision), an in-process run in its inbox.
-        let mut waiting_steers = std::mem::take(&mut rec.steer_buffer);
+        let mut waiting_steers = rec.take_steer_buffer();
+        let run = rec.run.as_ref().expect("run controls exist");
         if on_worker.is_none() {
             for msg in waiting_steers.drain(..) {
                 // The inbox lives as long as the run task; a closed one means

@@ -68,14 +68,19 @@ impl Core {
     /// receives `outcome` when it is RUNNING again.
     pub fn decide_approval(
         &mut self,
+        scope: &Scope,
         id: AgentId,
         approval_id: Uuid,
         outcome: ApprovalOutcome,
     ) -> Result<AgentView, Error> {
-        let rec = self.agents.get_mut(&id).ok_or_else(|| Error::NotFound {
-            field: "id",
-            id: id.to_string(),
-        })?;
+        let rec = self
+            .agents
+            .get_mut(&id)
+            .filter(|r| scope.admits(&r.view.tenant))
+            .ok_or_else(|| Error::NotFound {
+                field: "id",
+                id: id.to_string(),
+            })?;
         let pending = match (&rec.view.approval, rec.view.status) {
             (Some(approval), AgentStatus::AwaitingApproval) => approval.id,
             (_, status) => return Err(Error::NotAwaitingApproval { id, status }),

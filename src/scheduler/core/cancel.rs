@@ -1,6 +1,8 @@
 //! Cancel: of one agent, of every agent under a lead, and the cascade to
 //! the live descendants of an agent that ended.
 
+use std::sync::Arc;
+
 use super::Core;
 use crate::scheduler::{error::Error, queue::Dirty, types::*};
 
@@ -16,9 +18,15 @@ pub(super) enum Cascade {
 impl Core {
     /// Cancels an agent and its live descendants (detached ones included,
     /// also when the agent itself already ended). Returns every agent moved
-    /// to CANCELLED.
-    pub fn cancel(&mut self, id: AgentId, reason: &str) -> Result<Vec<AgentView>, Error> {
-        if !self.agents.contains_key(&id) {
+    /// to CANCELLED. An agent outside `scope` is NOT_FOUND, like an
+    /// unknown id (its descendants share its tenant).
+    pub fn cancel(
+        &mut self,
+        scope: &Scope,
+        id: AgentId,
+        reason: &str,
+    ) -> Result<Vec<AgentView>, Error> {
+        if self.record_in(scope, id).is_none() {
             return Err(Error::NotFound {
                 field: "id",
                 id: id.to_string(),
@@ -34,11 +42,12 @@ impl Core {
         Ok(cancelled)
     }
 
-    /// Cancels every live agent under a lead, with their descendants.
-    pub fn cancel_lead(&mut self, lead: &str, reason: &str) -> Vec<AgentView> {
+    /// Cancels every live agent under `tenant`'s lead `lead`, with their
+    /// descendants.
+    pub fn cancel_lead(&mut self, tenant: &str, lead: &str, reason: &str) -> Vec<AgentView> {
         let mut ids: Vec<AgentId> = self
             .lead_live
-            .get(lead)
+            .get(&(Arc::from(tenant), Arc::from(lead)))
             .map(|s| s.iter().copied().collect())
             .unwrap_or_default();
         // Cancel in admission order so events read naturally (parents first).

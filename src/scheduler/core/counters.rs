@@ -9,6 +9,11 @@ impl Core {
     pub fn counters(&self) -> Counters {
         Counters {
             live_background: self.live_background,
+            tenants: self
+                .tenant_live
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
             buckets: self
                 .bucket_running
                 .iter()
@@ -32,6 +37,7 @@ impl Core {
             let held = Held::of(rec.view.status, rec.view.background);
             if held.global {
                 c.live_background += 1;
+                *c.tenants.entry(rec.view.tenant.to_string()).or_default() += 1;
             }
             if held.bucket {
                 *c.buckets.entry(rec.view.bucket.to_string()).or_default() += 1;

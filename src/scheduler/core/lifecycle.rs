@@ -76,7 +76,8 @@ impl Core {
         }
         rec.view.status = to;
         self.by_status.moved(rec.seq, id, Some(from), to);
-        self.stats.moved(&rec.view.bucket, from, to);
+        self.stats
+            .moved(&rec.view.tenant, &rec.view.bucket, from, to);
         if to != AgentStatus::AwaitingApproval {
             rec.view.approval = None;
         }
@@ -84,7 +85,7 @@ impl Core {
             let now = SystemTime::now();
             rec.view.finished_at = Some(now);
             if let Some(ran) = rec.view.started_at.and_then(|s| now.duration_since(s).ok()) {
-                self.stats.ended(&rec.view.bucket, ran);
+                self.stats.ended(&rec.view.tenant, &rec.view.bucket, ran);
             }
             if let (AgentStatus::Cancelled, Some(span)) = (to, rec.span.as_mut()) {
                 let reason = rec
@@ -95,7 +96,9 @@ impl Core {
                 span.push(now, SpanEventKind::Cancelled { reason });
             }
             rec.prompt = None;
-            rec.steer_buffer = Vec::new();
+            if let Some(rare) = rec.rare.as_mut() {
+                rare.steer_buffer = Vec::new();
+            }
             if let Some(run) = rec.run.take() {
                 run.cancel.cancel();
                 // A run that ended without a result keeps what it output.
@@ -125,10 +128,11 @@ impl Core {
                 }
             }
             if let Some(lead) = rec.view.lead_id.clone() {
-                if let Some(set) = self.lead_live.get_mut(&lead) {
+                let key = (rec.view.tenant.clone(), lead);
+                if let Some(set) = self.lead_live.get_mut(&key) {
                     set.remove(&id);
                     if set.is_empty() {
-                        self.lead_live.remove(&lead);
+                        self.lead_live.remove(&key);
                     }
                 }
             }
@@ -316,7 +320,7 @@ impl Core {
             // Ends this attempt's run task without a report.
             run.cancel.cancel();
         }
-        let agent_type = rec.view.agent.clone();
+        let worker_key = (rec.view.tenant.clone(), rec.view.agent.clone());
         if let Some(span) = rec.span.as_mut() {
             let attempt = rec.view.attempt + 1;
             span.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
@@ -341,6 +345,6 @@ impl Core {
         // Not started here even if a worker has room: the drain starts the
         // earliest eligible agent, which may be an older one that waits for
         // the bucket slot this run just gave back.
-        dirty.worker_type(&agent_type);
+        dirty.worker_type(&worker_key);
     }
 }

@@ -40,7 +40,7 @@ use uuid::Uuid;
 use super::{
     events::EventLog,
     inbox::{SteerInbox, SteerSender},
-    queue::{AdmissionQueue, BucketKey, Dirty, SubKey},
+    queue::{AdmissionQueue, BucketKey, Dirty, SubKey, WorkerKey},
     state::Held,
     stats::Stats,
     trace::{EndedRun, SpanRecord, SpanSink, TraceContext},
@@ -51,7 +51,7 @@ use foldhash::{HashMap, HashSet};
 
 use self::reads::LiveByStatus;
 
-use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, WatchConfig};
+use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
 
 /// `tracing` target of the one log line per ended agent.
 pub const LIFECYCLE: &str = "subagentd::lifecycle";
@@ -186,12 +186,12 @@ struct Record {
     /// Until the agent ends (a retried run is assigned it again).
     prompt: Option<Arc<str>>,
     timeout: Duration,
-    steer_buffer: Vec<String>,
+    /// Boxed for the same reason as `run`: few agents have either part.
+    rare: Option<Box<Rare>>,
     /// Boxed: only live runs have one, and inline it would push every
     /// retained record into a larger allocation size class.
     run: Option<Box<RunControl>>,
     children: Vec<AgentId>,
-    idempotency_key: Option<Arc<str>>,
     /// The run's own span id in the trace `view.trace_id` names (with
     /// `sampled`, the context runners and children get). Kept inline, not
     /// as a `TraceContext`, so the record stays in its size class.
@@ -206,7 +206,47 @@ struct Record {
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Record>() <= 512);
 
+/// The parts of a record most agents never have.
+#[derive(Debug, Default)]
+struct Rare {
+    /// Steer messages waiting for the run.
+    steer_buffer: Vec<String>,
+    idempotency_key: Option<Arc<str>>,
+}
+
 impl Record {
+    fn rare(steer_buffer: Vec<String>, idempotency_key: Option<Arc<str>>) -> Option<Box<Rare>> {
+        (!steer_buffer.is_empty() || idempotency_key.is_some()).then(|| {
+            Box::new(Rare {
+                steer_buffer,
+                idempotency_key,
+            })
+        })
+    }
+
+    fn idempotency_key(&self) -> Option<&Arc<str>> {
+        self.rare.as_ref()?.idempotency_key.as_ref()
+    }
+
+    fn steer_buffer(&self) -> &[String] {
+        self.rare.as_ref().map_or(&[], |r| &r.steer_buffer)
+    }
+
+    fn buffer_steer(&mut self, message: String) {
+        self.rare
+            .get_or_insert_with(Box::default)
+            .steer_buffer
+            .push(message);
+    }
+
+    /// The waiting steer messages, oldest first, leaving none.
+    fn take_steer_buffer(&mut self) -> Vec<String> {
+        self.rare
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.steer_buffer))
+            .unwrap_or_default()
+    }
+
     /// The trace context the run passes on: to its runner (`traceparent`)
     /// and to its children.
     fn trace_context(&self) -> TraceContext {
@@ -217,18 +257,18 @@ impl Record {
         }
     }
 
-    /// The agent type, when the agent needs a worker's capacity to start:
-    /// a worker type with no worker holding its run yet.
-    fn needs_worker(&self) -> Option<&Arc<str>> {
+    /// Its tenant and agent type, when the agent needs a worker's capacity
+    /// to start: a worker type with no worker holding its run yet.
+    fn needs_worker(&self) -> Option<WorkerKey> {
         (self.runner == RunnerKind::Worker && self.view.worker_id.is_none())
-            .then_some(&self.view.agent)
+            .then(|| (self.view.tenant.clone(), self.view.agent.clone()))
     }
 
     fn sub_key(&self) -> SubKey {
         SubKey {
             bucket: self.view.bucket.clone(),
             parent: self.parent_key.clone(),
-            worker_type: self.needs_worker().cloned(),
+            worker_type: self.needs_worker(),
             foreground: !self.view.background,
         }
     }
@@ -248,6 +288,8 @@ pub struct Page {
 pub struct Counters {
     /// Live background agents.
     pub live_background: u32,
+    /// Live background agents per tenant (non-zero entries only).
+    pub tenants: BTreeMap<String, u32>,
     /// Running agents per bucket (non-zero entries only).
     pub buckets: BTreeMap<String, u32>,
     /// Running background children per parent (non-zero entries only).
@@ -277,21 +319,31 @@ pub struct Core {
     next_seq: u64,
     queue: AdmissionQueue,
     live_background: u32,
+    /// `[tenants.NAME]`.
+    tenant_limits: BTreeMap<String, TenantLimits>,
+    /// Live background agents per tenant (non-zero entries only).
+    tenant_live: HashMap<Arc<str>, u32>,
+    /// Spawn token buckets of tenants with a `spawn_rate`: tokens left and
+    /// when they were counted.
+    spawn_tokens: HashMap<Arc<str>, (f64, tokio::time::Instant)>,
     bucket_running: HashMap<BucketKey, u32>,
     parent_running: HashMap<ParentKey, u32>,
     tree_live: HashMap<AgentId, u32>,
-    lead_live: HashMap<Arc<str>, HashSet<AgentId>>,
+    /// Live agents by (tenant, lead id).
+    lead_live: HashMap<(Arc<str>, Arc<str>), HashSet<AgentId>>,
     /// Every retained agent of a lead / of a tree, in admission order, so
     /// `lead_id` and `root_id` listings do not scan all agents under the lock.
     /// One ordered map each (not a map per lead or tree): most trees are a
     /// single agent, and a map per tree cost ~400 bytes per retained agent.
-    by_lead: BTreeMap<(Arc<str>, u64), AgentId>,
+    by_lead: BTreeMap<(Arc<str>, Arc<str>, u64), AgentId>,
     by_root: BTreeMap<(AgentId, u64), AgentId>,
     /// Live agents by state, in admission order, so `statuses` listings
     /// and snapshots (what dashboards poll) do not scan retained agents.
     /// Only live states: a finished agent costs nothing here.
     by_status: LiveByStatus,
-    idempotency: HashMap<(ParentKey, Arc<str>), AgentId>,
+    /// By (tenant, parent, key): a key names an agent only within its
+    /// tenant and parent.
+    idempotency: HashMap<(Arc<str>, ParentKey, Arc<str>), AgentId>,
     /// Finished agents in finish order, for retention sweeps.
     finished: VecDeque<(SystemTime, AgentId)>,
     waiters: HashMap<AgentId, Vec<Arc<Notify>>>,
@@ -342,6 +394,9 @@ impl Core {
             next_seq: 1,
             queue: AdmissionQueue::default(),
             live_background: 0,
+            tenant_limits: BTreeMap::new(),
+            tenant_live: HashMap::default(),
+            spawn_tokens: HashMap::default(),
             bucket_running: HashMap::default(),
             parent_running: HashMap::default(),
             tree_live: HashMap::default(),
@@ -381,6 +436,21 @@ impl Core {
     /// Live background agents (the global cap's usage).
     pub fn live_background(&self) -> u32 {
         self.live_background
+    }
+
+    /// Live background agents of each tenant that has some.
+    pub fn live_background_by_tenant(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.tenant_live.iter().map(|(t, n)| (&**t, *n))
+    }
+
+    /// Applies `[tenants.NAME]` (at start and on reload). A tenant's spawn
+    /// bucket starts full again when its rate or burst changed.
+    pub fn set_tenant_limits(&mut self, limits: BTreeMap<String, TenantLimits>) {
+        self.spawn_tokens.retain(|tenant, _| {
+            let (old, new) = (self.tenant_limits.get(&**tenant), limits.get(&**tenant));
+            new.is_some_and(|n| n.spawn_rate > 0.0 && old == Some(n))
+        });
+        self.tenant_limits = limits;
     }
 
     /// The limits in force.
@@ -443,7 +513,7 @@ impl Core {
                 self.queue.push(seq, id, new_key);
             }
             self.stats
-                .rebucketed(&old_key.bucket, &new, rec.view.status);
+                .rebucketed(&rec.view.tenant, &old_key.bucket, &new, rec.view.status);
             if held.bucket {
                 if let Some(n) = self.bucket_running.get_mut(&old_key.bucket) {
                     *n -= 1;
@@ -519,7 +589,7 @@ impl Core {
     fn can_start(&self, rec: &Record) -> bool {
         let limits = !rec.view.background
             || (self.bucket_has_room(&rec.view.bucket) && self.parent_has_room(&rec.parent_key));
-        limits && rec.needs_worker().is_none_or(|t| self.workers.has_room(t))
+        limits && rec.needs_worker().is_none_or(|t| self.workers.has_room(&t))
     }
 
     fn parent_has_room(&self, parent: &ParentKey) -> bool {

@@ -58,13 +58,14 @@ impl Core {
 
     /// Why a worker type's agent cannot get a worker, if it cannot.
     fn worker_reason(&self, rec: &Record) -> Option<String> {
-        let agent_type = rec.needs_worker()?;
-        let cap = self.workers.capacity_of(agent_type);
+        let key = rec.needs_worker()?;
+        let cap = self.workers.capacity_of(&key);
+        let agent_type = &key.1;
         if cap.workers == 0 {
             Some(format!(
                 "no worker connected for agent type \"{agent_type}\""
             ))
-        } else if !self.workers.has_room(agent_type) {
+        } else if !self.workers.has_room(&key) {
             Some(format!(
                 "all {} workers for agent type \"{agent_type}\" are busy ({}/{} runs)",
                 cap.workers, cap.held, cap.capacity
@@ -77,6 +78,19 @@ impl Core {
     /// One agent as the API shows it.
     pub fn view(&self, id: AgentId) -> Option<AgentView> {
         self.agents.get(&id).map(|r| self.view_of(r))
+    }
+
+    /// The view of `id` if it is in `scope`: what a caller may see. None
+    /// for another tenant's agent exactly as for an unknown id.
+    pub fn view_in(&self, scope: &Scope, id: AgentId) -> Option<AgentView> {
+        self.record_in(scope, id).map(|r| self.view_of(r))
+    }
+
+    pub(super) fn record_in(&self, scope: &Scope, id: AgentId) -> Option<&Record> {
+        self.agents
+            .get(&id)
+            .filter(|r| scope.admits(&r.view.tenant))
+            .map(|r| &**r)
     }
 
     /// Agents matching `filter`, oldest first, starting after admission
@@ -140,12 +154,15 @@ impl Core {
                     .map(|(&(_, seq), id)| (seq, id))
                     .filter_map(record),
             )
-        } else if let Some(lead) = &filter.lead_id {
+        } else if let (Some(lead), Some(tenant)) = (&filter.lead_id, &filter.tenant) {
             let lead: Arc<str> = lead.as_str().into();
             Box::new(
                 self.by_lead
-                    .range((lead.clone(), after_seq)..=(lead, u64::MAX))
-                    .map(|(&(_, seq), id)| (seq, id))
+                    .range(
+                        (tenant.clone(), lead.clone(), after_seq)
+                            ..=(tenant.clone(), lead, u64::MAX),
+                    )
+                    .map(|(&(_, _, seq), id)| (seq, id))
                     .filter_map(record),
             )
         } else if let Some(live) = self.by_status.ranges(&filter.statuses, after_seq) {

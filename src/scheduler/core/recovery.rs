@@ -219,6 +219,7 @@ impl Core {
                 "agent {id} (admission {seq}) appears twice"
             )));
         }
+        view.tenant = self.intern(&view.tenant);
         view.agent = self.intern(&view.agent);
         view.model = self.intern(&view.model);
         // The bucket follows the current limits (they may have changed
@@ -236,7 +237,7 @@ impl Core {
         }
         let parent_key = match (view.parent_id, view.lead_id.as_ref()) {
             (Some(p), _) => ParentKey::Agent(p),
-            (None, Some(lead)) => ParentKey::Lead(lead.clone()),
+            (None, Some(lead)) => ParentKey::Lead(view.tenant.clone(), lead.clone()),
             (None, None) => ParentKey::None,
         };
         let (status, background) = (view.status, view.background);
@@ -251,19 +252,24 @@ impl Core {
             }
         }
         if let Some(k) = &idempotency_key {
-            self.idempotency.insert((parent_key.clone(), k.clone()), id);
+            self.idempotency
+                .insert((view.tenant.clone(), parent_key.clone(), k.clone()), id);
         }
         if !status.is_terminal() {
             if let Some(lead) = &view.lead_id {
-                self.lead_live.entry(lead.clone()).or_default().insert(id);
+                self.lead_live
+                    .entry((view.tenant.clone(), lead.clone()))
+                    .or_default()
+                    .insert(id);
             }
         }
         if let Some(lead) = &view.lead_id {
-            self.by_lead.insert((lead.clone(), seq), id);
+            self.by_lead
+                .insert((view.tenant.clone(), lead.clone(), seq), id);
         }
         self.by_root.insert((view.root_id, seq), id);
         self.order.insert(seq, id);
-        self.stats.restored(&view.bucket, status);
+        self.stats.restored(&view.tenant, &view.bucket, status);
         let record = Record {
             view,
             seq,
@@ -271,10 +277,9 @@ impl Core {
             runner,
             prompt,
             timeout,
-            steer_buffer,
+            rare: Record::rare(steer_buffer, idempotency_key),
             run: None,
             children: Vec::new(),
-            idempotency_key,
             span_id,
             sampled,
             span: None,

@@ -19,7 +19,7 @@ impl Core {
 
     /// Agents RUNNING now (not waiting for a slot or an approval).
     pub fn running_count(&self) -> u32 {
-        self.stats.buckets().map(|(_, b)| b.running).sum()
+        self.stats.buckets().map(|(_, _, b)| b.running).sum()
     }
 
     /// Stops admitting and cancels every live agent with `reason`, oldest
@@ -76,11 +76,16 @@ impl Core {
             if let Some(rec) = self.agents.remove(&id) {
                 self.order.remove(&rec.seq);
                 if let Some(lead) = &rec.view.lead_id {
-                    self.by_lead.remove(&(lead.clone(), rec.seq));
+                    self.by_lead
+                        .remove(&(rec.view.tenant.clone(), lead.clone(), rec.seq));
                 }
                 self.by_root.remove(&(rec.view.root_id, rec.seq));
-                if let Some(k) = rec.idempotency_key {
-                    self.idempotency.remove(&(rec.parent_key, k));
+                if let Some(k) = rec.idempotency_key() {
+                    self.idempotency.remove(&(
+                        rec.view.tenant.clone(),
+                        rec.parent_key.clone(),
+                        k.clone(),
+                    ));
                 }
                 self.forgotten(id);
                 n += 1;

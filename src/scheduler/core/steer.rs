@@ -13,13 +13,18 @@ impl Core {
     /// AWAITING_APPROVAL).
     pub fn steer(
         &mut self,
+        scope: &Scope,
         id: AgentId,
         message: String,
     ) -> Result<(AgentView, SteerDelivery), Error> {
-        let rec = self.agents.get_mut(&id).ok_or(Error::NotFound {
-            field: "id",
-            id: id.to_string(),
-        })?;
+        let rec = self
+            .agents
+            .get_mut(&id)
+            .filter(|r| scope.admits(&r.view.tenant))
+            .ok_or(Error::NotFound {
+                field: "id",
+                id: id.to_string(),
+            })?;
         let agent_type = self.agent_types.get(&*rec.view.agent);
         if !rec.view.status.is_terminal() && agent_type.is_some_and(|t| !t.accepts_steer()) {
             return Err(Error::SteerNotAccepted {
@@ -51,7 +56,7 @@ impl Core {
                 .is_none_or(|w| !self.workers.is_connected(w));
         let delivery = match rec.view.status {
             AgentStatus::Running if reattaching => {
-                rec.steer_buffer.push(message);
+                rec.buffer_steer(message);
                 self.changed(id);
                 SteerDelivery::Buffered
             }
@@ -80,7 +85,7 @@ impl Core {
                 SteerDelivery::Delivered
             }
             AgentStatus::Queued | AgentStatus::AwaitingApproval => {
-                rec.steer_buffer.push(message);
+                rec.buffer_steer(message);
                 self.changed(id);
                 SteerDelivery::Buffered
             }

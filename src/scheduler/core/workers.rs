@@ -35,7 +35,7 @@ impl Core {
     ) -> WorkerId {
         let mut dirty = Dirty::default();
         for agent_type in &info.agents {
-            dirty.worker_type(agent_type);
+            dirty.worker_type(&(info.tenant.clone(), agent_type.clone()));
         }
         let id = self.workers.register(info, commands);
         for run in held {
@@ -65,11 +65,11 @@ impl Core {
         let Some(rec) = self.agents.get(&run.agent_id) else {
             return false;
         };
+        // Only a run of the worker's own tenant: a worker of another tenant
+        // naming this run learns nothing (it is told to stop it).
         let serves = self
             .workers
-            .agents_of(worker)
-            .iter()
-            .any(|t| **t == *rec.view.agent);
+            .serves(worker, &rec.view.tenant, &rec.view.agent);
         let orphaned = rec
             .view
             .worker_id
@@ -91,7 +91,7 @@ impl Core {
         let rec = self.agents.get_mut(&id).expect("checked above");
         rec.view.worker_id = Some(worker);
         // Steer messages that waited for the re-attach, in order.
-        for message in std::mem::take(&mut rec.steer_buffer) {
+        for message in rec.take_steer_buffer() {
             self.workers.send(
                 worker,
                 WorkerCommand::Steer {
@@ -176,8 +176,8 @@ impl Core {
             return false;
         }
         let mut dirty = Dirty::default();
-        for agent_type in self.workers.agents_of(worker) {
-            dirty.worker_type(agent_type);
+        for key in self.workers.keys_of(worker) {
+            dirty.worker_type(&key);
         }
         self.drain(dirty);
         true
