@@ -522,6 +522,30 @@ pub struct ServerConfig {
     /// once. Read at start only.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Concurrent HTTP/2 streams (calls) per connection. Default 256.
+    pub max_concurrent_streams: u32,
+    /// Largest header list of a call, in bytes (HTTP/2
+    /// SETTINGS_MAX_HEADER_LIST_SIZE). Default 16 KiB.
+    pub max_header_list_bytes: u32,
+    /// Largest message a client may send, in bytes; a larger one is
+    /// RESOURCE_EXHAUSTED. Default 0: `[limits] max_prompt_bytes` + 64 KiB.
+    /// Answers are not bounded by it: a page of agents with long results
+    /// may be larger than any request.
+    pub max_message_bytes: usize,
+    /// Streams a client may open and reset before the server processes
+    /// them, per connection (the HTTP/2 rapid-reset attack,
+    /// CVE-2023-44487); beyond it the connection is closed. Default 20.
+    pub max_pending_reset_streams: usize,
+}
+
+impl ServerConfig {
+    /// The message size limit in force (see `max_message_bytes`).
+    pub fn message_limit(&self, limits: &Limits) -> usize {
+        match self.max_message_bytes {
+            0 => limits.max_prompt_bytes.saturating_add(64 * 1024),
+            n => n,
+        }
+    }
 }
 
 /// `[limits]` section: every admission limit.
@@ -548,6 +572,10 @@ pub struct Limits {
     pub max_live_descendants_per_root: u32,
     /// Largest accepted prompt in bytes. Default 1 MiB.
     pub max_prompt_bytes: usize,
+    /// Open WatchAgents streams of one tenant (an admin's count in its
+    /// own); one more is refused with WATCH_LIMIT_REACHED. Default 100;
+    /// 0 = unlimited.
+    pub max_watchers_per_tenant: u32,
 }
 
 /// `[runs]` section.
@@ -879,6 +907,10 @@ impl Default for ServerConfig {
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_concurrent_streams: 256,
+            max_header_list_bytes: 16 * 1024,
+            max_message_bytes: 0,
+            max_pending_reset_streams: 20,
         }
     }
 }
@@ -894,9 +926,13 @@ impl Default for Limits {
             max_depth: DEFAULT_MAX_DEPTH,
             max_live_descendants_per_root: 0,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
+            max_watchers_per_tenant: DEFAULT_MAX_WATCHERS_PER_TENANT,
         }
     }
 }
+
+/// Default `[limits] max_watchers_per_tenant`.
+pub const DEFAULT_MAX_WATCHERS_PER_TENANT: u32 = 100;
 
 impl Default for RunsConfig {
     fn default() -> Self {
@@ -1062,6 +1098,24 @@ impl Config {
             .parse::<SocketAddr>()
             .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
         self.auth.validate()?;
+        for (key, value) in [
+            (
+                "server.max_concurrent_streams",
+                self.server.max_concurrent_streams as usize,
+            ),
+            (
+                "server.max_header_list_bytes",
+                self.server.max_header_list_bytes as usize,
+            ),
+            (
+                "server.max_pending_reset_streams",
+                self.server.max_pending_reset_streams,
+            ),
+        ] {
+            if value < 1 {
+                return Err(invalid(key, "must be ≥ 1 (got 0)"));
+            }
+        }
         for (name, t) in &self.tenants {
             if !crate::auth::is_tenant_name(name) {
                 return Err(invalid(

@@ -305,6 +305,8 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         config.server.keepalive_interval,
         config.server.keepalive_timeout,
     );
+    let abuse = config.server.clone();
+    let message_limit = config.server.message_limit(&config.limits);
 
     let sweeper = {
         let scheduler = scheduler.clone();
@@ -325,6 +327,11 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 // session and fails (or retries) its runs.
                 .http2_keepalive_interval(Some(keepalive_interval))
                 .http2_keepalive_timeout(Some(keepalive_timeout))
+                // Bounds hyper and tonic leave open or lax, set explicitly
+                // (README "Limits against abuse").
+                .max_concurrent_streams(abuse.max_concurrent_streams)
+                .http2_max_header_list_size(abuse.max_header_list_bytes)
+                .http2_max_pending_accept_reset_streams(Some(abuse.max_pending_reset_streams))
                 .layer(rpc_layer)
                 // Inside the RPC layer, so what it counts and traces is the
                 // DEADLINE_EXCEEDED this one answers.
@@ -346,11 +353,14 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 .add_service(reflection_v1)
                 .add_service(reflection_v1alpha)
                 .add_service(InterceptedService::new(
-                    AgentServiceRouter::new(service),
+                    AgentServiceRouter::new(service, message_limit),
                     gate.clone(),
                 ))
                 .add_service(InterceptedService::new(
-                    WorkerServiceServer::new(workers),
+                    // A worker's report carries a run's whole result: never
+                    // less than tonic's own 4 MiB default.
+                    WorkerServiceServer::new(workers)
+                        .max_decoding_message_size(message_limit.max(4 << 20)),
                     gate.clone(),
                 ))
                 .serve_with_incoming_shutdown(

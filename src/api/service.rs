@@ -63,7 +63,7 @@ impl AgentServiceImpl {
         let principal = auth::principal(&request);
         let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, WATCH)?;
         let q = convert::parse_watch(request.into_inner(), tenant)?;
-        let sub = self.scheduler.subscribe(&q);
+        let sub = self.scheduler.watch_agents(&q, principal.tenant.clone())?;
         let state = WatchState {
             durability: self.scheduler.durability().cloned(),
             initial_ticket: Some(sub.ticket),

@@ -27,6 +27,8 @@ pub const REASON_GLOBAL_LIMIT_REACHED: &str = "GLOBAL_LIMIT_REACHED";
 pub const REASON_TENANT_LIMIT_REACHED: &str = "TENANT_LIMIT_REACHED";
 /// A tenant's `[tenants.NAME] spawn_rate` passed.
 pub const REASON_RATE_LIMITED: &str = "RATE_LIMITED";
+/// A tenant's `[limits] max_watchers_per_tenant` reached.
+pub const REASON_WATCH_LIMIT_REACHED: &str = "WATCH_LIMIT_REACHED";
 /// `max_depth` reached.
 pub const REASON_DEPTH_LIMIT_REACHED: &str = "DEPTH_LIMIT_REACHED";
 /// `max_live_descendants_per_root` reached.
@@ -71,6 +73,7 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::GlobalLimit { .. } => REASON_GLOBAL_LIMIT_REACHED,
         Error::TenantLimit { .. } => REASON_TENANT_LIMIT_REACHED,
         Error::RateLimited { .. } => REASON_RATE_LIMITED,
+        Error::WatchLimit { .. } => REASON_WATCH_LIMIT_REACHED,
         Error::DepthLimit { .. } => REASON_DEPTH_LIMIT_REACHED,
         Error::DescendantLimit { .. } => REASON_DESCENDANT_LIMIT_REACHED,
         Error::ShuttingDown => REASON_SHUTTING_DOWN,
@@ -193,6 +196,27 @@ impl From<Error> for Status {
                     ],
                 );
                 d.set_retry_info(Some(*retry_after));
+                Code::ResourceExhausted
+            }
+            Error::WatchLimit {
+                tenant,
+                limit,
+                open,
+            } => {
+                info(
+                    &mut d,
+                    REASON_WATCH_LIMIT_REACHED,
+                    &[
+                        ("tenant", tenant.to_string()),
+                        ("limit", limit.to_string()),
+                        ("open", open.to_string()),
+                        ("config_key", "limits.max_watchers_per_tenant".to_owned()),
+                    ],
+                );
+                d.add_quota_failure_violation(
+                    "limits.max_watchers_per_tenant",
+                    format!("{open} of {limit} open WatchAgents streams of tenant {tenant}"),
+                );
                 Code::ResourceExhausted
             }
             Error::DepthLimit { limit, depth } => {

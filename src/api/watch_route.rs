@@ -29,14 +29,18 @@ const WATCH_PATH: &str = "/subagents.v1.AgentService/WatchAgents";
 pub struct AgentServiceRouter {
     generated: AgentServiceServer<AgentServiceImpl>,
     service: Arc<AgentServiceImpl>,
+    max_message_bytes: usize,
 }
 
 impl AgentServiceRouter {
-    /// Routes for `service`.
-    pub fn new(service: AgentServiceImpl) -> Self {
+    /// Routes for `service`, decoding requests of at most
+    /// `max_message_bytes` (a larger one is RESOURCE_EXHAUSTED).
+    pub fn new(service: AgentServiceImpl, max_message_bytes: usize) -> Self {
         Self {
-            generated: AgentServiceServer::new(service.clone()),
+            generated: AgentServiceServer::new(service.clone())
+                .max_decoding_message_size(max_message_bytes),
             service: Arc::new(service),
+            max_message_bytes,
         }
     }
 }
@@ -60,11 +64,47 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         if req.uri().path() != WATCH_PATH {
-            return self.generated.call(req);
+            let answer = self.generated.call(req);
+            return Box::pin(async move { answer.await.map(too_large_is_exhausted) });
         }
         let method = WatchRoute(self.service.clone());
-        Box::pin(async move { Ok(Grpc::new(WireCodec).server_streaming(method, req).await) })
+        let limit = self.max_message_bytes;
+        Box::pin(async move {
+            let mut grpc = Grpc::new(WireCodec).max_decoding_message_size(limit);
+            Ok(too_large_is_exhausted(
+                grpc.server_streaming(method, req).await,
+            ))
+        })
     }
+}
+
+/// A request over the message size limit is RESOURCE_EXHAUSTED (what the
+/// gRPC status codes prescribe), not the OUT_OF_RANGE tonic answers. A
+/// request is decoded before anything is sent, so the refusal is a
+/// trailers-only answer: its status is in the headers.
+fn too_large_is_exhausted(
+    mut answer: http::Response<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let headers = answer.headers_mut();
+    let out_of_range = headers
+        .get("grpc-status")
+        .is_some_and(|s| s.as_bytes() == b"11");
+    let too_large = headers.get("grpc-message").is_some_and(|m| {
+        let m = m.as_bytes();
+        [
+            &b"message%20length%20too%20large"[..],
+            b"message length too large",
+        ]
+        .iter()
+        .any(|needle| m.windows(needle.len()).any(|w| w == *needle))
+    });
+    if out_of_range && too_large {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from_static("8"), // RESOURCE_EXHAUSTED
+        );
+    }
+    answer
 }
 
 struct WatchRoute(Arc<AgentServiceImpl>);

@@ -86,6 +86,17 @@ pub enum Error {
         /// When the next Spawn would be admitted.
         retry_after: std::time::Duration,
     },
+    /// The tenant's open WatchAgents streams reached
+    /// `[limits] max_watchers_per_tenant`.
+    #[error("watch limit reached: tenant \"{tenant}\" has {open} open WatchAgents streams and [limits] max_watchers_per_tenant is {limit}; close one (or filter one watch instead of opening several)")]
+    WatchLimit {
+        /// The tenant.
+        tenant: Arc<str>,
+        /// The limit.
+        limit: u32,
+        /// Its open streams now.
+        open: u32,
+    },
     /// `max_depth` reached.
     #[error("depth limit reached: the new agent would be at depth {depth} but [limits] max_depth is {limit}; spawn from a shallower agent or raise the limit")]
     DepthLimit {

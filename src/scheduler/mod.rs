@@ -625,10 +625,31 @@ impl Scheduler {
             live: WatchLive {
                 live: sub.live,
                 scheduler: self.clone(),
+                watcher: None,
             },
             position: sub.position,
             ticket,
         }
+    }
+
+    /// A WatchAgents stream of `tenant`: [`Scheduler::subscribe`], counted
+    /// against `[limits] max_watchers_per_tenant` until it is dropped.
+    pub fn watch_agents(&self, query: &WatchQuery, tenant: Arc<str>) -> Result<Watch, Error> {
+        let (sub, ticket) = self.with_core_ticket(|c| {
+            c.admit_watcher(&tenant)?;
+            Ok::<_, Error>(c.subscribe(query))
+        });
+        let sub = sub?;
+        Ok(Watch {
+            initial: sub.initial,
+            live: WatchLive {
+                live: sub.live,
+                scheduler: self.clone(),
+                watcher: Some(tenant),
+            },
+            position: sub.position,
+            ticket,
+        })
     }
 
     /// Stops admitting and starting agents; running ones go on (see
@@ -718,6 +739,8 @@ pub struct Watch {
 pub struct WatchLive {
     live: Live,
     scheduler: Scheduler,
+    /// The tenant whose watcher count it holds (API streams only).
+    watcher: Option<Arc<str>>,
 }
 
 impl WatchLive {
@@ -736,8 +759,16 @@ impl Drop for WatchLive {
     fn drop(&mut self) {
         // A routed subscriber is registered in the core; a broadcast
         // receiver unsubscribes by being dropped.
-        if let Some(id) = self.live.routed_id() {
-            self.scheduler.shared.core.lock().unsubscribe(id);
+        let routed = self.live.routed_id();
+        if routed.is_none() && self.watcher.is_none() {
+            return;
+        }
+        let mut core = self.scheduler.shared.core.lock();
+        if let Some(id) = routed {
+            core.unsubscribe(id);
+        }
+        if let Some(tenant) = &self.watcher {
+            core.watcher_left(tenant);
         }
     }
 }

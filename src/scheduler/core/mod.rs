@@ -323,6 +323,8 @@ pub struct Core {
     tenant_limits: BTreeMap<String, TenantLimits>,
     /// Live background agents per tenant (non-zero entries only).
     tenant_live: HashMap<Arc<str>, u32>,
+    /// Open WatchAgents streams per tenant (non-zero entries only).
+    tenant_watchers: HashMap<Arc<str>, u32>,
     /// Spawn token buckets of tenants with a `spawn_rate`: tokens left and
     /// when they were counted.
     spawn_tokens: HashMap<Arc<str>, (f64, tokio::time::Instant)>,
@@ -396,6 +398,7 @@ impl Core {
             live_background: 0,
             tenant_limits: BTreeMap::new(),
             tenant_live: HashMap::default(),
+            tenant_watchers: HashMap::default(),
             spawn_tokens: HashMap::default(),
             bucket_running: HashMap::default(),
             parent_running: HashMap::default(),

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use super::{Core, Page, Record};
 use crate::scheduler::{
+    error::Error,
     events::{EventKind, SubscriberId, Subscription},
     types::*,
 };
@@ -206,6 +207,32 @@ impl Core {
     /// who went away left none behind).
     pub fn waiter_count(&self) -> usize {
         self.waiters.values().map(Vec::len).sum()
+    }
+
+    /// Counts one more WatchAgents stream of `tenant`, or refuses it at
+    /// `[limits] max_watchers_per_tenant`.
+    pub fn admit_watcher(&mut self, tenant: &Arc<str>) -> Result<(), Error> {
+        let limit = self.limits.max_watchers_per_tenant;
+        let open = self.tenant_watchers.get(tenant).copied().unwrap_or(0);
+        if limit != 0 && open >= limit {
+            return Err(Error::WatchLimit {
+                tenant: tenant.clone(),
+                limit,
+                open,
+            });
+        }
+        *self.tenant_watchers.entry(tenant.clone()).or_default() += 1;
+        Ok(())
+    }
+
+    /// A stream [`Core::admit_watcher`] counted ended.
+    pub fn watcher_left(&mut self, tenant: &str) {
+        if let Some(n) = self.tenant_watchers.get_mut(tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.tenant_watchers.remove(tenant);
+            }
+        }
     }
 
     /// Subscribes to events, see [`EventLog::subscribe`].
