@@ -564,6 +564,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_row_from_before_tenants_reads_as_the_default_tenant() {
+        // An empty tenant is not encoded at all: the bytes of an older row.
+        let mut old = full_state(3);
+        old.view.tenant = "".into();
+        let read = decode_agent(&encode_agent(&old)).unwrap();
+        assert_eq!(&*read.view.tenant, crate::scheduler::DEFAULT_TENANT);
+    }
+
+    #[test]
     fn the_admission_sequence_reads_from_an_encoded_agent_row() {
         assert_eq!(agent_seq(&encode_agent(&full_state(42))).unwrap(), 42);
         assert!(matches!(agent_seq(b"\xff"), Err(StoreError::Corrupt(_))));

@@ -15,9 +15,14 @@ Every error status subagentd returns carries a `google.rpc.Status` in the
         if info is not None and info.reason == "GLOBAL_LIMIT_REACHED":
             print(info.metadata["limit"], info.metadata["live"])
 
+With authentication (`[auth] mode = "required"`), open channels with
+`channel(target)`: it sends the key in `SUBAGENTD_TOKEN` (or the `token`
+given) as `authorization: Bearer <key>` on every call.
+
 Needs `grpcio-status` (which brings `googleapis-common-protos`).
 """
 
+import os
 from typing import List, Optional
 
 import grpc
@@ -25,7 +30,7 @@ from google.protobuf import message as _message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-__all__ = ["DOMAIN", "error_details", "error_info", "error_reason", "rich_status"]
+__all__ = ["DOMAIN", "channel", "error_details", "error_info", "error_reason", "rich_status"]
 
 DOMAIN = "subagentd"
 
@@ -44,6 +49,47 @@ _DETAIL_TYPES = {
         error_details_pb2.LocalizedMessage,
     )
 }
+
+
+class _Bearer(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or []) + [self._header]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_token(details), requests)
+
+
+def channel(target: str, token: Optional[str] = None) -> grpc.Channel:
+    """A plaintext channel to subagentd at `target` ("host:port") whose
+    calls carry `token` — by default the `SUBAGENTD_TOKEN` environment
+    variable; none when both are empty (a server without authentication)."""
+    if token is None:
+        token = os.environ.get("SUBAGENTD_TOKEN", "")
+    plain = grpc.insecure_channel(target)
+    token = token.strip()
+    if not token:
+        return plain
+    return grpc.intercept_channel(plain, _Bearer(token))
 
 
 def rich_status(err: grpc.RpcError) -> Optional[status_pb2.Status]:

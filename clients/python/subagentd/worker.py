@@ -18,6 +18,10 @@ keep going meanwhile, their reports wait, and the new session's hello names
 them (`held_runs`), so the server re-attaches each one it still has live and
 cancels the rest. Without it, `run()` returns when the session ends.
 
+Against a server that requires authentication, give the worker a key with the
+`worker` role (`token=`, or the `SUBAGENTD_TOKEN` environment variable). It
+serves only its key's tenant's runs.
+
 Every report of a run is numbered (`seq`) and kept until the server says the
 run's end is durable (`released`): after a server crash, the next session
 names the run and sends its reports again, and the server applies only those
@@ -45,6 +49,8 @@ from typing import Callable, Dict, Iterator, List, Optional
 import grpc
 
 from subagents.v1 import subagents_pb2, workers_pb2, workers_pb2_grpc
+
+from . import client
 
 log = logging.getLogger("subagentd.worker")
 
@@ -215,8 +221,11 @@ class Worker:
         labels: Optional[Dict[str, str]] = None,
         channel: Optional[grpc.Channel] = None,
         reconnect_delay: Optional[float] = None,
+        token: Optional[str] = None,
     ):
         self.target = target
+        #: The key sent on the session (None: `SUBAGENTD_TOKEN`, if set).
+        self.token = token
         self.agents = list(agents)
         self.handler = handler
         self.capacity = capacity
@@ -241,7 +250,7 @@ class Worker:
         `reconnect_delay`: until `stop()`). Raises `grpc.RpcError` if the
         server refuses the hello (INVALID_ARGUMENT) or, without
         `reconnect_delay`, the connection fails."""
-        channel = self._channel or grpc.insecure_channel(self.target)
+        channel = self._channel or client.channel(self.target, self.token)
         stub = workers_pb2_grpc.WorkerServiceStub(channel)
         try:
             while True:

@@ -63,8 +63,23 @@ export interface WatchAgentsResponse {
 /** The AgentService client: one method per RPC, named as in the proto. */
 export type AgentServiceClient = grpc.Client & Record<string, Function>;
 
-/** Loads subagents.v1.AgentService from PROTO_DIR and connects to `addr` (host:port), without TLS. */
-export function connect(addr: string): AgentServiceClient {
+/** Adds `authorization: Bearer <token>` to every call. */
+function bearer(token: string): grpc.Interceptor {
+  return (options, nextCall) =>
+    new grpc.InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        metadata.set("authorization", `Bearer ${token}`);
+        next(metadata, listener);
+      },
+    });
+}
+
+/**
+ * Loads subagents.v1.AgentService from PROTO_DIR and connects to `addr` (host:port), without TLS.
+ * Calls carry `token` (default: the SUBAGENTD_TOKEN environment variable) as a bearer key when
+ * it is set, for a server with `[auth] mode = "required"`.
+ */
+export function connect(addr: string, token: string = process.env.SUBAGENTD_TOKEN ?? ""): AgentServiceClient {
   const definition = protoLoader.loadSync("subagents/v1/subagents.proto", {
     ...LOADER_OPTIONS,
     includeDirs: [PROTO_DIR],
@@ -72,7 +87,8 @@ export function connect(addr: string): AgentServiceClient {
   // eslint-disable-next-line @typescript-eslint/no-explicit-any
   const loaded = grpc.loadPackageDefinition(definition) as any;
   const AgentService = loaded.subagents.v1.AgentService as grpc.ServiceClientConstructor;
-  return new AgentService(addr, grpc.credentials.createInsecure()) as AgentServiceClient;
+  const interceptors = token.trim() ? [bearer(token.trim())] : [];
+  return new AgentService(addr, grpc.credentials.createInsecure(), { interceptors }) as AgentServiceClient;
 }
 
 /** Calls unary method `method` (e.g. "Spawn") with a deadline; resolves to the response object. */
