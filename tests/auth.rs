@@ -432,3 +432,92 @@ async fn unauthenticated_serving_stays_on_loopback_unless_allowed() {
         .expect("authenticated serving may listen anywhere");
     required.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_revoked_key_ends_its_open_watch_and_worker_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let viewer = key("viewer", "team-a", &["viewer"], None);
+    let worker = key("worker", "team-a", &["worker"], None);
+    let front = key("front", "team-a", &["frontend"], None);
+    std::fs::write(dir.path().join("viewer"), &viewer.entry).unwrap();
+    std::fs::write(dir.path().join("worker"), &worker.entry).unwrap();
+    let toml = config(
+        &[("front", &front)],
+        &format!("keys_dir = {:?}\n", dir.path().display().to_string()),
+    );
+    let s = TestServer::start_with_file(&toml).await;
+    let mut c = s.client.clone();
+    let mut watch = c
+        .watch_agents(with_key(pb::WatchAgentsRequest::default(), &viewer.key))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut session = open_worker(s.handle.addr(), &worker.key, &["coder"])
+        .await
+        .unwrap();
+    let run = c
+        .spawn(with_key(
+            pb::SpawnRequest {
+                agent: "coder".into(),
+                ..bg("openai/gpt-4o", "work")
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let assigned = session.message().await.unwrap().unwrap();
+    assert!(
+        matches!(
+            assigned.message,
+            Some(pb::connect_response::Message::Assign(_))
+        ),
+        "{assigned:?}"
+    );
+    // A key kept across the reload keeps its stream.
+    let mut kept = c
+        .watch_agents(with_key(
+            pb::WatchAgentsRequest {
+                ids: vec![run.id.clone()],
+                ..Default::default()
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+
+    std::fs::remove_file(dir.path().join("viewer")).unwrap();
+    std::fs::remove_file(dir.path().join("worker")).unwrap();
+    s.handle.reload().expect("reload");
+
+    // The watch ends UNAUTHENTICATED (after what it was sent before).
+    let ended = loop {
+        match watch.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the watch ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_unauthenticated(&ended, "unknown");
+    // So does the worker's session, and its run follows the worker-lost
+    // rules.
+    let ended = loop {
+        match session.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the session ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_unauthenticated(&ended, "unknown");
+    let lost = loop {
+        let event = kept.message().await.unwrap().expect("the kept watch goes on");
+        let agent = event.agent.unwrap();
+        if agent.status == pb::AgentStatus::Failed as i32 {
+            break agent;
+        }
+    };
+    assert_eq!(lost.error.unwrap().code, "WORKER_LOST");
+}

@@ -4,22 +4,25 @@
 //! forwards: the leader then authenticates the same header again).
 //!
 //! The principal travels in the request's extensions, where handlers read
-//! it with [`principal`].
+//! it with [`principal`]; a streaming call's also carry a [`Revocation`]
+//! ([`revocation`]), so the stream ends when its key is removed.
 
 use std::{
     sync::Arc,
     task::{Context, Poll},
 };
 
-use arc_swap::ArcSwap;
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use crate::auth::{policy, AuthError, Authenticator, Principal, Role};
+use crate::auth::{policy, AuthError, Principal, Revocation, Role, SharedAuthenticator};
 use crate::scheduler::Scope;
 
-/// The current authenticator, swapped whole on reload.
-pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
+/// The calls that stay open: they end when their credential is revoked.
+const LONG_LIVED: &[&str] = &[
+    "/subagents.v1.AgentService/WatchAgents",
+    "/subagents.v1.WorkerService/Connect",
+];
 
 /// The layer (see the module docs).
 #[derive(Debug, Clone)]
@@ -74,6 +77,7 @@ where
         if policy::is_open(path) {
             return Either::Left(self.inner.call(req));
         }
+        let long_lived = LONG_LIVED.contains(&path);
         let checked = self.auth.load().check(
             req.headers()
                 .get(http::header::AUTHORIZATION)
@@ -82,6 +86,11 @@ where
         );
         match checked {
             Ok(principal) => {
+                if long_lived && self.auth.load().required() {
+                    let header = req.headers().get(http::header::AUTHORIZATION);
+                    let revocation = self.auth.follow(header.map(|v| v.as_bytes()));
+                    req.extensions_mut().insert(revocation);
+                }
                 req.extensions_mut().insert(principal);
                 Either::Left(self.inner.call(req))
             }
@@ -119,6 +128,20 @@ pub fn principal<T>(request: &tonic::Request<T>) -> Principal {
         .get::<Principal>()
         .cloned()
         .unwrap_or_else(Principal::anonymous)
+}
+
+/// The credential of a long-lived call, watched for revocation; None
+/// without authentication.
+pub fn revocation<T>(request: &tonic::Request<T>) -> Option<Revocation> {
+    request.extensions().get::<Revocation>().cloned()
+}
+
+/// Resolves when `revocation`'s credential is revoked; never without one.
+pub async fn revoked(revocation: &mut Option<Revocation>) {
+    match revocation {
+        Some(r) => r.revoked().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Whose agents `principal` may find by id and act on: an admin every

@@ -61,6 +61,7 @@ impl AgentServiceImpl {
         request: Request<pb::WatchAgentsRequest>,
     ) -> Result<EncodedWatchStream, Status> {
         let principal = auth::principal(&request);
+        let revocation = auth::revocation(&request);
         let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, WATCH)?;
         let q = convert::parse_watch(request.into_inner(), tenant)?;
         let sub = self.scheduler.watch_agents(&q, principal.tenant.clone())?;
@@ -74,6 +75,7 @@ impl AgentServiceImpl {
             shutdown: self.shutdown.clone(),
             done: false,
             metrics: self.metrics.clone(),
+            revocation,
         };
         Ok(Box::pin(futures_util::stream::unfold(
             state,
@@ -250,6 +252,9 @@ struct WatchState {
     shutdown: CancellationToken,
     done: bool,
     metrics: ApiMetrics,
+    /// The subscriber's credential: the stream ends UNAUTHENTICATED once
+    /// it is revoked.
+    revocation: Option<crate::auth::Revocation>,
 }
 
 impl WatchState {
@@ -286,6 +291,13 @@ impl WatchState {
                     biased;
                     r = self.live.recv() => r,
                     () = self.shutdown.cancelled() => continue,
+                    () = auth::revoked(&mut self.revocation) => {
+                        self.done = true;
+                        let status = crate::auth::AuthError::Unauthenticated(
+                            crate::auth::Cause::Unknown,
+                        );
+                        return Some((Err(status.into()), self));
+                    }
                 }
             };
             match received {

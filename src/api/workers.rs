@@ -3,7 +3,7 @@
 //! then only converts: the worker's reports go to the scheduler, the
 //! scheduler's commands go to the worker.
 
-use std::pin::Pin;
+use std::{pin::Pin, sync::Arc};
 
 use futures_util::{Stream, StreamExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -44,6 +44,7 @@ impl WorkerService for WorkerServiceImpl {
         request: Request<Streaming<pb::ConnectRequest>>,
     ) -> Result<Response<ConnectStream>, Status> {
         let principal = super::auth::principal(&request);
+        let revocation = super::auth::revocation(&request);
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::from(crate::scheduler::Error::invalid(
@@ -66,6 +67,7 @@ impl WorkerService for WorkerServiceImpl {
         let agents = hello.agents.join(",");
         let capacity = hello.capacity;
         let (commands, outbound) = tokio::sync::mpsc::unbounded_channel();
+        let ended = Arc::new(parking_lot::Mutex::new(None));
         let worker_id = self.scheduler.register_worker(hello, commands, &held);
         let tenant = &principal.tenant;
         info!(%worker_id, %name, %tenant, %agents, capacity, held = held.len(), "worker connected");
@@ -73,13 +75,20 @@ impl WorkerService for WorkerServiceImpl {
             scheduler: self.scheduler.clone(),
             worker_id,
             name: name.to_string(),
+            revocation,
+            ended: ended.clone(),
         };
         tokio::spawn(session.run(inbound, self.shutdown.clone()));
         let welcome = futures_util::stream::once(async move { convert::welcome_to_pb(worker_id) });
         // The command channel closes when the scheduler forgets the worker
-        // (its session ended), which ends this stream with OK.
+        // (its session ended), which ends this stream: with OK, or with
+        // the status the session ended with.
         let commands = UnboundedReceiverStream::new(outbound).map(convert::worker_command_to_pb);
-        Ok(Response::new(Box::pin(welcome.chain(commands).map(Ok))))
+        let last = futures_util::stream::once(async move { ended.lock().take() })
+            .filter_map(|status| async move { status.map(Err) });
+        Ok(Response::new(Box::pin(
+            welcome.chain(commands).map(Ok).chain(last),
+        )))
     }
 }
 
@@ -90,14 +99,28 @@ struct Session {
     scheduler: Scheduler,
     worker_id: WorkerId,
     name: String,
+    /// The worker's credential: the session ends once it is revoked.
+    revocation: Option<crate::auth::Revocation>,
+    /// Why the server ended the session, for the worker's stream.
+    ended: Arc<parking_lot::Mutex<Option<Status>>>,
 }
 
 impl Session {
-    async fn run(self, mut inbound: Streaming<pb::ConnectRequest>, shutdown: CancellationToken) {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<pb::ConnectRequest>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             let message = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
+                () = super::auth::revoked(&mut self.revocation) => {
+                    warn!(worker_id = %self.worker_id, name = %self.name, "worker's key revoked: session ended");
+                    let revoked = crate::auth::AuthError::Unauthenticated(crate::auth::Cause::Unknown);
+                    *self.ended.lock() = Some(revoked.into());
+                    return;
+                }
                 m = inbound.message() => m,
             };
             let request = match message {

@@ -14,8 +14,76 @@ use super::{AuthConfig, Authenticator, KeyConfig};
 /// which a changed Secret must take effect.
 pub const KEYS_DIR_POLL: Duration = Duration::from_secs(5);
 
-/// The current authenticator, read by every call.
-pub type SharedAuthenticator = Arc<ArcSwap<Authenticator>>;
+/// The current authenticator, read by every call, and a signal of each
+/// change, on which open streams check their credential again.
+#[derive(Debug, Clone)]
+pub struct SharedAuthenticator(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    current: ArcSwap<Authenticator>,
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+impl SharedAuthenticator {
+    /// Shares `auth` until the first change.
+    pub fn new(auth: Authenticator) -> Self {
+        Self(Arc::new(Shared {
+            current: ArcSwap::from_pointee(auth),
+            changes: tokio::sync::watch::Sender::new(0),
+        }))
+    }
+
+    /// The authenticator now.
+    pub fn load(&self) -> arc_swap::Guard<Arc<Authenticator>> {
+        self.0.current.load()
+    }
+
+    fn store(&self, auth: Authenticator) {
+        self.0.current.store(Arc::new(auth));
+        self.0.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Follows the credential `authorization` (the call's header) through
+    /// later changes, for a stream that must end when it is revoked.
+    pub fn follow(&self, authorization: Option<&[u8]>) -> Revocation {
+        Revocation {
+            auth: self.clone(),
+            authorization: authorization.map(Box::from),
+            changes: self.0.changes.subscribe(),
+        }
+    }
+}
+
+/// A stream's credential, watched for revocation (see
+/// [`SharedAuthenticator::follow`]).
+#[derive(Debug, Clone)]
+pub struct Revocation {
+    auth: SharedAuthenticator,
+    authorization: Option<Box<[u8]>>,
+    changes: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Revocation {
+    /// Resolves once the keys changed so that the credential is no longer
+    /// accepted (its key removed or changed); never, while it still is.
+    pub async fn revoked(&mut self) {
+        loop {
+            if self.changes.changed().await.is_err() {
+                // The keyring is gone (the server is stopping).
+                return std::future::pending().await;
+            }
+            if self
+                .auth
+                .load()
+                .authenticate(self.authorization.as_deref())
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -39,9 +107,7 @@ impl Keyring {
     pub fn new(config: &AuthConfig) -> Self {
         let (dir_keys, refused) = read_dir(&config.keys_dir);
         log_refused(&BTreeMap::new(), &refused);
-        let current = Arc::new(ArcSwap::from_pointee(Authenticator::with_dir_keys(
-            config, &dir_keys,
-        )));
+        let current = SharedAuthenticator::new(Authenticator::with_dir_keys(config, &dir_keys));
         Self {
             state: Mutex::new(State {
                 config: config.clone(),
@@ -65,10 +131,8 @@ impl Keyring {
         state.config = config.clone();
         state.dir_keys = dir_keys;
         state.refused = refused;
-        self.current.store(Arc::new(Authenticator::with_dir_keys(
-            &state.config,
-            &state.dir_keys,
-        )));
+        self.current
+            .store(Authenticator::with_dir_keys(&state.config, &state.dir_keys));
     }
 
     /// Reads the keys directory again; swaps in a new authenticator when
@@ -92,7 +156,7 @@ impl Keyring {
         state.dir_keys = dir_keys;
         let auth = Authenticator::with_dir_keys(&state.config, &state.dir_keys);
         info!(keys = auth.key_count(), dir = %dir, "API keys changed in the keys directory");
-        self.current.store(Arc::new(auth));
+        self.current.store(auth);
         true
     }
 }

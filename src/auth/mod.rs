@@ -6,7 +6,7 @@ pub mod keyring;
 pub mod keys;
 pub mod policy;
 
-pub use self::keyring::{Keyring, SharedAuthenticator};
+pub use self::keyring::{Keyring, Revocation, SharedAuthenticator};
 
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
