@@ -206,6 +206,13 @@ def _now() -> float:
     return time.monotonic()
 
 
+_REFUSALS = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+)
+
+
 class Worker:
     """A worker session: connects, declares its agent types and capacity,
     and runs `handler(run)` for each assignment until `stop()` or the stream
@@ -248,7 +255,8 @@ class Worker:
     def run(self) -> None:
         """Serves runs until `stop()` or the server ends the session (with
         `reconnect_delay`: until `stop()`). Raises `grpc.RpcError` if the
-        server refuses the hello (INVALID_ARGUMENT) or, without
+        server refuses the hello (INVALID_ARGUMENT) or the credential
+        (UNAUTHENTICATED, PERMISSION_DENIED) or, without
         `reconnect_delay`, the connection fails."""
         channel = self._channel or client.channel(self.target, self.token)
         stub = workers_pb2_grpc.WorkerServiceStub(channel)
@@ -260,7 +268,8 @@ class Worker:
                     code = e.code()
                     if code == grpc.StatusCode.CANCELLED and self._stopping.is_set():
                         return
-                    if self.reconnect_delay is None or code == grpc.StatusCode.INVALID_ARGUMENT:
+                    # A refused hello or credential is not fixed by retrying.
+                    if self.reconnect_delay is None or code in _REFUSALS:
                         if code == grpc.StatusCode.CANCELLED:
                             return
                         raise

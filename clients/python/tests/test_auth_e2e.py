@@ -76,8 +76,13 @@ class AuthTest(unittest.TestCase):
     def tearDown(self):
         self.server.stop()
 
+    def channel(self, **kwargs) -> grpc.Channel:
+        channel = client.channel(self.server.addr, **kwargs)
+        self.addCleanup(channel.close)
+        return channel
+
     def test_a_call_without_a_key_is_unauthenticated_with_its_cause(self):
-        agents = subagents_pb2_grpc.AgentServiceStub(client.channel(self.server.addr, token=""))
+        agents = subagents_pb2_grpc.AgentServiceStub(self.channel(token=""))
         with self.assertRaises(grpc.RpcError) as caught:
             agents.Status(pb.StatusRequest(), timeout=TIMEOUT)
         self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
@@ -89,10 +94,10 @@ class AuthTest(unittest.TestCase):
         os.environ["SUBAGENTD_TOKEN"] = self.front_a
         try:
             # The environment variable is the default token.
-            a = subagents_pb2_grpc.AgentServiceStub(client.channel(self.server.addr))
+            a = subagents_pb2_grpc.AgentServiceStub(self.channel())
         finally:
             del os.environ["SUBAGENTD_TOKEN"]
-        b = subagents_pb2_grpc.AgentServiceStub(client.channel(self.server.addr, token=self.front_b))
+        b = subagents_pb2_grpc.AgentServiceStub(self.channel(token=self.front_b))
         worker = Worker(
             self.server.addr, agents=["coder"], handler=lambda run: f"done: {run.prompt}", token=self.worker_a
         )
