@@ -513,7 +513,11 @@ async fn a_revoked_key_ends_its_open_watch_and_worker_session() {
     };
     assert_unauthenticated(&ended, "unknown");
     let lost = loop {
-        let event = kept.message().await.unwrap().expect("the kept watch goes on");
+        let event = kept
+            .message()
+            .await
+            .unwrap()
+            .expect("the kept watch goes on");
         let agent = event.agent.unwrap();
         if agent.status == pb::AgentStatus::Failed as i32 {
             break agent;
