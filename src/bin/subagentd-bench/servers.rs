@@ -33,14 +33,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between readiness probes and exit polls.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// subagentd config for `run`: nothing limits throughput, finished agents go
-/// away soon enough that a long run does not fill memory, and watchers get a
+/// subagentd config for `run`: nothing limits throughput (nor the number of
+/// watchers: the lead-watched scenario opens 200), finished agents go away
+/// soon enough that a long run does not fill memory, and watchers get a
 /// ring deep enough to ride out scheduling hiccups of a shared machine.
 pub const THROUGHPUT_CONFIG: &str = r#"# written by subagentd-bench run
 [limits]
 max_background_agents = 4000000000
 default_concurrency = 0
 max_concurrent_per_parent = 0
+max_watchers_per_tenant = 0
 
 [runs]
 finished_retention = "30s"
