@@ -6,9 +6,7 @@ apart.
 """
 
 import os
-import queue
 import subprocess
-import tempfile
 import threading
 import unittest
 
@@ -20,7 +18,7 @@ from subagentd.worker import Worker
 from subagents.v1 import subagents_pb2 as pb
 from subagents.v1 import subagents_pb2_grpc
 
-from test_workers_e2e import BIN, TIMEOUT, _lines, _wait_for
+from test_workers_e2e import BIN, TIMEOUT, Server
 
 
 def new_key(key_id: str, tenant: str, *roles: str):
@@ -33,37 +31,10 @@ def new_key(key_id: str, tenant: str, *roles: str):
     return key.strip(), entry
 
 
-class AuthServer:
-    def __init__(self, entries):
-        self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-        self.config.write('[agents.coder]\nrunner = "worker"\n\n[auth]\nmode = "required"\n')
-        for entry in entries:
-            self.config.write(entry)
-        self.config.close()
-        self.proc = subprocess.Popen(
-            [BIN, "serve", "--config", self.config.name, "--listen", "127.0.0.1:0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={
-                **os.environ,
-                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
-                "SUBAGENTD_SERVER__SHUTDOWN_GRACE": "0s",
-                "SUBAGENTD_STORE__BACKEND": "memory",
-            },
-        )
-        lines: "queue.Queue[str]" = queue.Queue()
-        self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)
-        self.reader.start()
-        line = _wait_for(lines, "subagentd listening", "subagentd")
-        self.addr = line.split("addr=")[1].split()[0]
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=TIMEOUT)
-        self.reader.join(timeout=TIMEOUT)
-        self.proc.stderr.close()
-        os.unlink(self.config.name)
+def auth_server(entries) -> Server:
+    """subagentd requiring the keys of `entries` (config entries)."""
+    config = '[agents.coder]\nrunner = "worker"\n\n[auth]\nmode = "required"\n' + "".join(entries)
+    return Server(config=config)
 
 
 class AuthTest(unittest.TestCase):
@@ -71,7 +42,7 @@ class AuthTest(unittest.TestCase):
         self.front_a, front_a = new_key("fronta", "team-a", "frontend")
         self.worker_a, worker_a = new_key("workera", "team-a", "worker")
         self.front_b, front_b = new_key("frontb", "team-b", "frontend")
-        self.server = AuthServer([front_a, worker_a, front_b])
+        self.server = auth_server([front_a, worker_a, front_b])
 
     def tearDown(self):
         self.server.stop()
