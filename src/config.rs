@@ -387,6 +387,13 @@ pub struct TelemetryConfig {
     pub traces_sampler_arg: String,
     /// Address of the Prometheus endpoint (`GET /metrics`); empty = off.
     pub metrics_listen: String,
+    /// A file holding the token `GET /metrics` must present as
+    /// `authorization: Bearer <token>`; re-read on every change. Empty
+    /// (default): no token asked for.
+    pub metrics_token_file: String,
+    /// Serve the metrics endpoint over TLS with `[server.tls]`'s
+    /// certificate and client-certificate rules. Default false.
+    pub metrics_tls: bool,
     /// `pretty` or `json`. The level comes from `RUST_LOG` (default info).
     pub log_format: LogFormat,
 }
@@ -400,6 +407,8 @@ impl Default for TelemetryConfig {
             traces_sampler: DEFAULT_TRACES_SAMPLER.to_owned(),
             traces_sampler_arg: String::new(),
             metrics_listen: DEFAULT_METRICS_LISTEN.to_owned(),
+            metrics_token_file: String::new(),
+            metrics_tls: false,
             log_format: LogFormat::Pretty,
         }
     }
@@ -536,6 +545,73 @@ pub struct ServerConfig {
     /// them, per connection (the HTTP/2 rapid-reset attack,
     /// CVE-2023-44487); beyond it the connection is closed. Default 20.
     pub max_pending_reset_streams: usize,
+    /// `[server.tls]`: TLS on the gRPC listener (off without `cert_file`).
+    pub tls: ServerTls,
+}
+
+/// `[server.tls] client_auth`: whether clients present certificates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    #[default]
+    None,
+    /// A client may present one; a presented certificate must be valid.
+    Optional,
+    /// Every connection presents a valid client certificate.
+    Required,
+}
+
+/// `[server.tls]` section. The files are PEM; they are re-read within
+/// 10 s of a change and on SIGHUP, without dropping connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTls {
+    /// The server's certificate chain (leaf first). Empty: TLS off.
+    pub cert_file: String,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// The CAs client certificates must chain to (for `client_auth`).
+    pub client_ca_file: String,
+    /// `"none"` (default), `"optional"` or `"required"`.
+    pub client_auth: ClientAuth,
+}
+
+impl ServerTls {
+    /// Whether the listener speaks TLS.
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.cert_file.is_empty() != self.key_file.is_empty() {
+            let missing = if self.cert_file.is_empty() {
+                "server.tls.cert_file"
+            } else {
+                "server.tls.key_file"
+            };
+            return Err(invalid(
+                missing,
+                "cert_file and key_file go together: set both, or neither for plaintext",
+            ));
+        }
+        if self.client_auth != ClientAuth::None && self.client_ca_file.is_empty() {
+            return Err(invalid(
+                "server.tls.client_ca_file",
+                "client_auth \"optional\" or \"required\" needs the CA file that client \
+                 certificates chain to",
+            ));
+        }
+        if !self.enabled()
+            && (self.client_auth != ClientAuth::None || !self.client_ca_file.is_empty())
+        {
+            return Err(invalid(
+                "server.tls.cert_file",
+                "client certificates need TLS: set cert_file and key_file",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl ServerConfig {
@@ -911,6 +987,7 @@ impl Default for ServerConfig {
             max_header_list_bytes: 16 * 1024,
             max_message_bytes: 0,
             max_pending_reset_streams: 20,
+            tls: ServerTls::default(),
         }
     }
 }
@@ -1098,6 +1175,20 @@ impl Config {
             .parse::<SocketAddr>()
             .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
         self.auth.validate()?;
+        self.server.tls.validate()?;
+        if self.telemetry.metrics_tls && !self.server.tls.enabled() {
+            return Err(invalid(
+                "telemetry.metrics_tls",
+                "serves [server.tls]'s certificate: set server.tls.cert_file and key_file",
+            ));
+        }
+        if !self.auth.certs.is_empty() && self.server.tls.client_auth == ClientAuth::None {
+            return Err(invalid(
+                "auth.certs",
+                "certificate principals need client certificates: set [server.tls] \
+                 client_auth = \"optional\" or \"required\"",
+            ));
+        }
         for (key, value) in [
             (
                 "server.max_concurrent_streams",

@@ -13,4 +13,5 @@ pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod worker;

@@ -63,6 +63,9 @@ pub struct ServerHandle {
     ha: Option<HaHandle>,
     /// The keys calls are checked against; SIGHUP reconfigures it.
     keyring: Arc<Keyring>,
+    /// With `[server.tls]`: the certificate new connections get; SIGHUP
+    /// and a change of its files reload it.
+    tls: Option<Arc<crate::tls::Acceptor>>,
 }
 
 #[derive(Debug)]
@@ -138,6 +141,7 @@ impl ServerHandle {
             Ok(config) => {
                 self.scheduler.reconfigure(&config);
                 self.keyring.reconfigure(&config.auth);
+                self.reload_tls(&config.server.tls);
                 info!(
                     source = %crate::config::describe(self.source.file.as_deref()),
                     "config reloaded"
@@ -148,6 +152,21 @@ impl ServerHandle {
                 error!(error = %e, "config reload refused; keeping the current config");
                 Err(e)
             }
+        }
+    }
+
+    fn reload_tls(&self, tls: &crate::config::ServerTls) {
+        match (&self.tls, tls.enabled()) {
+            (Some(acceptor), true) => match acceptor.reload(tls) {
+                Ok(true) => info!("TLS certificate reloaded; new connections use it"),
+                Ok(false) => {}
+                Err(e) => error!(error = %e, "TLS reload refused; keeping the certificate in use"),
+            },
+            (None, false) => {}
+            (Some(_), false) | (None, true) => warn!(
+                "[server.tls] was turned on or off; that takes a restart (the listener keeps \
+                 what it started with)"
+            ),
         }
     }
 
@@ -224,6 +243,11 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         .await
         .with_context(|| format!("cannot listen on {}", config.server.listen))?;
     let addr = listener.local_addr()?;
+    let tls = if config.server.tls.enabled() {
+        Some(Arc::new(crate::tls::Acceptor::new(&config.server.tls)?))
+    } else {
+        None
+    };
     let keyring = Arc::new(Keyring::new(&config.auth));
     let scheduler = Scheduler::with_runners(
         &config,
@@ -238,9 +262,15 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     let metrics_addr = if config.telemetry.metrics_listen.is_empty() {
         None
     } else {
+        let guard = telemetry::metrics::Guard {
+            token_file: (!config.telemetry.metrics_token_file.is_empty())
+                .then(|| config.telemetry.metrics_token_file.clone()),
+            tls: tls.clone().filter(|_| config.telemetry.metrics_tls),
+        };
         let (bound, task) = telemetry::metrics::serve(
             &config.telemetry.metrics_listen,
             metrics.clone(),
+            guard,
             shutdown.clone(),
         )
         .await?;
@@ -320,56 +350,60 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
 
     let server = {
         let shutdown = shutdown.clone();
-        tokio::spawn(
-            Server::builder()
-                // Keepalive is how a silently dead worker is noticed: an
-                // unanswered PING closes the connection, which ends its
-                // session and fails (or retries) its runs.
-                .http2_keepalive_interval(Some(keepalive_interval))
-                .http2_keepalive_timeout(Some(keepalive_timeout))
-                // Bounds hyper and tonic leave open or lax, set explicitly
-                // (README "Limits against abuse").
-                .max_concurrent_streams(abuse.max_concurrent_streams)
-                .http2_max_header_list_size(abuse.max_header_list_bytes)
-                .http2_max_pending_accept_reset_streams(Some(abuse.max_pending_reset_streams))
-                .layer(rpc_layer)
-                // Inside the RPC layer, so what it counts and traces is the
-                // DEADLINE_EXCEEDED this one answers.
-                .layer(DeadlineLayer)
-                // Every call but health and reflection is authenticated
-                // here, a standby's before it forwards (the leader checks
-                // the same header again) and refusals counted above.
-                .layer(AuthLayer::new(keyring.shared()))
-                // A standby relays AgentService and WorkerService calls to
-                // the leader; counted and deadline-checked here as well.
-                .layer(tower::util::option_layer(forward))
-                // Health.Watch streams end at shutdown (after the
-                // NOT_SERVING update) instead of holding the exit back.
-                .add_service(EndOnShutdown::new(
-                    health_service,
-                    shutdown.clone(),
-                    &["/grpc.health.v1.Health/Watch"],
-                ))
-                .add_service(reflection_v1)
-                .add_service(reflection_v1alpha)
-                .add_service(InterceptedService::new(
-                    AgentServiceRouter::new(service, message_limit),
-                    gate.clone(),
-                ))
-                .add_service(InterceptedService::new(
-                    // A worker's report carries a run's whole result: never
-                    // less than tonic's own 4 MiB default.
-                    WorkerServiceServer::new(workers)
-                        .max_decoding_message_size(message_limit.max(4 << 20)),
-                    gate.clone(),
-                ))
-                .serve_with_incoming_shutdown(
-                    // Without TCP_NODELAY small responses wait for the peer's
-                    // delayed ACK (Nagle): ~40 ms per call at low concurrency.
-                    TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    shutdown.cancelled_owned(),
-                ),
-        )
+        let router = Server::builder()
+            // Keepalive is how a silently dead worker is noticed: an
+            // unanswered PING closes the connection, which ends its
+            // session and fails (or retries) its runs.
+            .http2_keepalive_interval(Some(keepalive_interval))
+            .http2_keepalive_timeout(Some(keepalive_timeout))
+            // Bounds hyper and tonic leave open or lax, set explicitly
+            // (README "Limits against abuse").
+            .max_concurrent_streams(abuse.max_concurrent_streams)
+            .http2_max_header_list_size(abuse.max_header_list_bytes)
+            .http2_max_pending_accept_reset_streams(Some(abuse.max_pending_reset_streams))
+            .layer(rpc_layer)
+            // Inside the RPC layer, so what it counts and traces is the
+            // DEADLINE_EXCEEDED this one answers.
+            .layer(DeadlineLayer)
+            // Every call but health and reflection is authenticated
+            // here, a standby's before it forwards (the leader checks
+            // the same header again) and refusals counted above.
+            .layer(AuthLayer::new(keyring.shared()))
+            // A standby relays AgentService and WorkerService calls to
+            // the leader; counted and deadline-checked here as well.
+            .layer(tower::util::option_layer(forward))
+            // Health.Watch streams end at shutdown (after the
+            // NOT_SERVING update) instead of holding the exit back.
+            .add_service(EndOnShutdown::new(
+                health_service,
+                shutdown.clone(),
+                &["/grpc.health.v1.Health/Watch"],
+            ))
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(InterceptedService::new(
+                AgentServiceRouter::new(service, message_limit),
+                gate.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                // A worker's report carries a run's whole result: never
+                // less than tonic's own 4 MiB default.
+                WorkerServiceServer::new(workers)
+                    .max_decoding_message_size(message_limit.max(4 << 20)),
+                gate.clone(),
+            ));
+        match &tls {
+            Some(acceptor) => tokio::spawn(router.serve_with_incoming_shutdown(
+                crate::tls::incoming(listener, acceptor.clone(), shutdown.clone()),
+                shutdown.cancelled_owned(),
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(
+                // Without TCP_NODELAY small responses wait for the peer's
+                // delayed ACK (Nagle): ~40 ms per call at low concurrency.
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown.cancelled_owned(),
+            )),
+        }
     };
     let store_failed = CancellationToken::new();
     let writer = Arc::new(Mutex::new(None));
@@ -431,8 +465,19 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
             }
         }));
     }
+    if let Some(acceptor) = &tls {
+        let acceptor = acceptor.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::tls::TLS_FILES_POLL).await;
+                let acceptor = acceptor.clone();
+                let _ = tokio::task::spawn_blocking(move || acceptor.refresh()).await;
+            }
+        }));
+    }
     Ok(ServerHandle {
         addr,
+        tls,
         metrics_addr,
         scheduler,
         source,

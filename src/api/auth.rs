@@ -15,8 +15,11 @@ use std::{
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use crate::auth::{policy, AuthError, Principal, Revocation, Role, SharedAuthenticator};
+use crate::auth::{
+    policy, AuthError, Credential, Principal, Revocation, Role, SharedAuthenticator,
+};
 use crate::scheduler::Scope;
+use crate::tls::PeerInfo;
 
 /// The calls that stay open: they end when their credential is revoked.
 const LONG_LIVED: &[&str] = &[
@@ -78,17 +81,21 @@ where
             return Either::Left(self.inner.call(req));
         }
         let long_lived = LONG_LIVED.contains(&path);
-        let checked = self.auth.load().check(
-            req.headers()
+        let credential = Credential {
+            authorization: req
+                .headers()
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
-            path,
-        );
+            peer_sans: req
+                .extensions()
+                .get::<PeerInfo>()
+                .and_then(|peer| peer.sans.as_deref()),
+        };
+        let checked = self.auth.load().check(credential, path);
         match checked {
             Ok(principal) => {
                 if long_lived && self.auth.load().required() {
-                    let header = req.headers().get(http::header::AUTHORIZATION);
-                    let revocation = self.auth.follow(header.map(|v| v.as_bytes()));
+                    let revocation = self.auth.follow(credential);
                     req.extensions_mut().insert(revocation);
                 }
                 req.extensions_mut().insert(principal);

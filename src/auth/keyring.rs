@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
-use super::{AuthConfig, Authenticator, KeyConfig};
+use super::{AuthConfig, Authenticator, Credential, KeyConfig};
 
 /// How often the keys directory is read again: twice within the 10 s in
 /// which a changed Secret must take effect.
@@ -46,10 +46,11 @@ impl SharedAuthenticator {
 
     /// Follows the credential `authorization` (the call's header) through
     /// later changes, for a stream that must end when it is revoked.
-    pub fn follow(&self, authorization: Option<&[u8]>) -> Revocation {
+    pub fn follow(&self, credential: Credential<'_>) -> Revocation {
         Revocation {
             auth: self.clone(),
-            authorization: authorization.map(Box::from),
+            authorization: credential.authorization.map(Box::from),
+            peer_sans: credential.peer_sans.map(Arc::from),
             changes: self.0.changes.subscribe(),
         }
     }
@@ -61,6 +62,7 @@ impl SharedAuthenticator {
 pub struct Revocation {
     auth: SharedAuthenticator,
     authorization: Option<Box<[u8]>>,
+    peer_sans: Option<Arc<[Arc<str>]>>,
     changes: tokio::sync::watch::Receiver<u64>,
 }
 
@@ -76,7 +78,10 @@ impl Revocation {
             if self
                 .auth
                 .load()
-                .authenticate(self.authorization.as_deref())
+                .authenticate_call(Credential {
+                    authorization: self.authorization.as_deref(),
+                    peer_sans: self.peer_sans.as_deref(),
+                })
                 .is_err()
             {
                 return;

@@ -221,6 +221,22 @@ pub struct KeyConfig {
     pub agent_types: Option<Vec<String>>,
 }
 
+/// `[[auth.certs]]`: the principal of client certificates with one SAN.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertConfig {
+    /// A subject alternative name, matched exactly: a URI (a SPIFFE id,
+    /// `spiffe://cluster.local/ns/agents/sa/worker`) or a DNS name.
+    pub san: String,
+    /// The tenant its holder acts in.
+    pub tenant: String,
+    /// What it may do.
+    pub roles: Vec<Role>,
+    /// For workers: the agent types it may serve (absent = every type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_types: Option<Vec<String>>,
+}
+
 /// `[auth]` section.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -235,6 +251,9 @@ pub struct AuthConfig {
     /// fields of `[auth.keys.KEY_ID]` as TOML (a mounted Kubernetes
     /// Secret). Re-read every few seconds and on SIGHUP. Empty: none.
     pub keys_dir: String,
+    /// Client-certificate principals, by SAN (needs `[server.tls]
+    /// client_auth`).
+    pub certs: Vec<CertConfig>,
 }
 
 /// Longest accepted tenant name, in bytes.
@@ -271,27 +290,38 @@ impl KeyConfig {
                  (`subagentd keys new` prints it)",
             ));
         }
-        if !is_tenant_name(&self.tenant) {
-            return Err(invalid(
-                field("tenant"),
-                format!(
-                    "must be 1 to {MAX_TENANT_BYTES} ASCII letters, digits, '-', '_' or '.' \
-                     (got {:?})",
-                    self.tenant
-                ),
-            ));
-        }
-        if self.roles.is_empty() {
-            return Err(invalid(field("roles"), "must name at least one role"));
-        }
-        if self.agent_types.as_ref().is_some_and(|t| t.is_empty()) {
-            return Err(invalid(
-                field("agent_types"),
-                "must name at least one agent type (leave it out for every type)",
-            ));
-        }
-        Ok(())
+        check_grant(at, &self.tenant, &self.roles, self.agent_types.as_deref())
     }
+}
+
+/// The rules a key's and a certificate's tenant, roles and agent types
+/// share; errors name `at`.
+fn check_grant(
+    at: &str,
+    tenant: &str,
+    roles: &[Role],
+    agent_types: Option<&[String]>,
+) -> Result<(), ConfigError> {
+    let field = |f: &str| format!("{at}.{f}");
+    if !is_tenant_name(tenant) {
+        return Err(invalid(
+            field("tenant"),
+            format!(
+                "must be 1 to {MAX_TENANT_BYTES} ASCII letters, digits, '-', '_' or '.' \
+                 (got {tenant:?})"
+            ),
+        ));
+    }
+    if roles.is_empty() {
+        return Err(invalid(field("roles"), "must name at least one role"));
+    }
+    if agent_types.is_some_and(|t| t.is_empty()) {
+        return Err(invalid(
+            field("agent_types"),
+            "must name at least one agent type (leave it out for every type)",
+        ));
+    }
+    Ok(())
 }
 
 impl AuthConfig {
@@ -300,11 +330,32 @@ impl AuthConfig {
         for (id, key) in &self.keys {
             key.check(&format!("auth.keys.{id}"), id)?;
         }
-        if self.mode == AuthMode::Required && self.keys.is_empty() && self.keys_dir.is_empty() {
+        let mut sans = std::collections::BTreeSet::new();
+        for (i, cert) in self.certs.iter().enumerate() {
+            let at = format!("auth.certs[{i}]");
+            if cert.san.trim().is_empty() || cert.san.trim() != cert.san {
+                return Err(invalid(
+                    format!("{at}.san"),
+                    "must be a URI or DNS name, without surrounding spaces",
+                ));
+            }
+            if !sans.insert(cert.san.as_str()) {
+                return Err(invalid(
+                    format!("{at}.san"),
+                    format!("{:?} is mapped twice; one SAN is one principal", cert.san),
+                ));
+            }
+            check_grant(&at, &cert.tenant, &cert.roles, cert.agent_types.as_deref())?;
+        }
+        if self.mode == AuthMode::Required
+            && self.keys.is_empty()
+            && self.keys_dir.is_empty()
+            && self.certs.is_empty()
+        {
             return Err(invalid(
                 "auth.mode",
-                "\"required\" needs a credential method: [auth.keys.KEY_ID] entries or \
-                 [auth] keys_dir",
+                "\"required\" needs a credential method: [auth.keys.KEY_ID] entries, \
+                 [auth] keys_dir or [[auth.certs]]",
             ));
         }
         Ok(())
@@ -324,6 +375,8 @@ struct KeyEntry {
 pub struct Authenticator {
     mode: AuthMode,
     keys: BTreeMap<String, KeyEntry>,
+    /// `[[auth.certs]]` by SAN.
+    certs: BTreeMap<Arc<str>, Principal>,
     /// Mode `"none"`'s principal, made once (not per call).
     anonymous: Principal,
 }
@@ -358,9 +411,23 @@ impl Authenticator {
                 Some((id.clone(), KeyEntry { digest, principal }))
             })
             .collect();
+        let certs = config
+            .certs
+            .iter()
+            .map(|c| {
+                let principal = Principal {
+                    tenant: c.tenant.as_str().into(),
+                    roles: c.roles.iter().copied().collect(),
+                    name: format!("cert:{}", c.san).into(),
+                    agent_types: c.agent_types.clone().map(Into::into),
+                };
+                (Arc::from(c.san.as_str()), principal)
+            })
+            .collect();
         Self {
             mode: config.mode,
             keys,
+            certs,
             anonymous: Principal::anonymous(),
         }
     }
@@ -379,8 +446,8 @@ impl Authenticator {
     /// `authorization` (None: absent). With mode none nothing is checked:
     /// a method no service serves then reaches the router (UNIMPLEMENTED),
     /// while with mode required the policy refuses it first.
-    pub fn check(&self, authorization: Option<&[u8]>, path: &str) -> Result<Principal, AuthError> {
-        let principal = self.authenticate(authorization)?;
+    pub fn check(&self, credential: Credential<'_>, path: &str) -> Result<Principal, AuthError> {
+        let principal = self.authenticate_call(credential)?;
         if self.required() {
             authorize(&principal, path)?;
         }
@@ -388,12 +455,33 @@ impl Authenticator {
     }
 
     /// The principal of a call whose `authorization` header is
-    /// `authorization` (None: absent).
+    /// `authorization` (None: absent), on a connection without a client
+    /// certificate.
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, AuthError> {
+        self.authenticate_call(Credential {
+            authorization,
+            peer_sans: None,
+        })
+    }
+
+    /// The principal of a call that presents `credential`: its
+    /// `authorization` header when it sends one (a bearer credential
+    /// speaks for the call), else its connection's client certificate.
+    pub fn authenticate_call(&self, credential: Credential<'_>) -> Result<Principal, AuthError> {
         if self.mode == AuthMode::None {
             return Ok(self.anonymous.clone());
         }
-        let header = authorization.ok_or(AuthError::Unauthenticated(Cause::Missing))?;
+        let Some(header) = credential.authorization else {
+            return match credential.peer_sans {
+                // A certificate the CA vouches for but no entry maps.
+                Some(sans) => sans
+                    .iter()
+                    .find_map(|san| self.certs.get(san))
+                    .cloned()
+                    .ok_or(AuthError::Unauthenticated(Cause::Unknown)),
+                None => Err(AuthError::Unauthenticated(Cause::Missing)),
+            };
+        };
         let token = std::str::from_utf8(header)
             .ok()
             .and_then(bearer_token)
@@ -411,6 +499,16 @@ impl Authenticator {
             }
         }
     }
+}
+
+/// What a call presents to be authenticated.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credential<'a> {
+    /// The `authorization` header's value.
+    pub authorization: Option<&'a [u8]>,
+    /// The SANs (URIs and DNS names) of the connection's verified client
+    /// certificate; None without one.
+    pub peer_sans: Option<&'a [Arc<str>]>,
 }
 
 /// The token of `Bearer <token>` (the scheme is case-insensitive, RFC 9110).
@@ -443,6 +541,7 @@ mod tests {
             mode: AuthMode::Required,
             allow_unauthenticated: false,
             keys_dir: String::new(),
+            certs: Vec::new(),
             keys: BTreeMap::from([(
                 id,
                 KeyConfig {

@@ -54,6 +54,37 @@ pub struct ClientArgs {
         value_name = "KEY"
     )]
     pub token: Option<String>,
+    /// PEM CA certificate(s) to verify the server's TLS certificate with;
+    /// implies TLS. With an https:// address and no CA file, the public
+    /// web roots are used.
+    #[arg(long, env = "SUBAGENTD_CA_FILE", value_name = "PEM")]
+    pub ca_file: Option<String>,
+    /// PEM client certificate to present (mTLS), with --key-file.
+    #[arg(
+        long,
+        env = "SUBAGENTD_CERT_FILE",
+        value_name = "PEM",
+        requires = "key_file"
+    )]
+    pub cert_file: Option<String>,
+    /// The private key of --cert-file.
+    #[arg(
+        long,
+        env = "SUBAGENTD_KEY_FILE",
+        value_name = "PEM",
+        requires = "cert_file"
+    )]
+    pub key_file: Option<String>,
+}
+
+impl ClientArgs {
+    fn tls(&self) -> crate::tls::ClientTls {
+        crate::tls::ClientTls {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+        }
+    }
 }
 
 /// Adds the caller's credential to every call.
@@ -462,6 +493,8 @@ enum CliError {
     #[error("the API key (--token or SUBAGENTD_TOKEN) contains characters a header cannot carry")]
     InvalidToken,
     #[error("{0}")]
+    Tls(crate::tls::ClientTlsError),
+    #[error("{0}")]
     Prompt(String),
     #[error("status: the server returned next page token {0:?} twice; stopping")]
     PageLoop(String),
@@ -532,13 +565,27 @@ async fn connect(args: &ClientArgs) -> Result<Client, CliError> {
         crate::api::auth::bearer_header(args.token.as_deref())
             .map_err(|_| CliError::InvalidToken)?,
     );
-    let url = normalize_addr(&args.addr);
-    let endpoint = Endpoint::from_shared(url.clone())
+    let tls = args.tls();
+    let mut url = normalize_addr(&args.addr);
+    if tls.any() && url.starts_with("http://") {
+        // A CA or client certificate given means TLS.
+        url = url.replacen("http://", "https://", 1);
+    }
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::InvalidAddr {
             addr: args.addr.clone(),
             reason: error_chain(&e),
         })?
         .connect_timeout(CONNECT_TIMEOUT);
+    if url.starts_with("https://") {
+        let config = tls.config().map_err(CliError::Tls)?;
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|source| CliError::Connect {
+                addr: url.clone(),
+                source,
+            })?;
+    }
     let channel = endpoint
         .connect()
         .await
@@ -1194,6 +1241,9 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             json: false,
             token: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
         };
         let err = tokio::runtime::Builder::new_current_thread()
             .enable_all()

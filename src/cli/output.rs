@@ -84,6 +84,7 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("workerId".into(), json!(agent.worker_id));
     obj.insert("attempt".into(), json!(agent.attempt));
     obj.insert("traceId".into(), json!(agent.trace_id));
+    obj.insert("tenant".into(), json!(agent.tenant));
     Value::Object(obj)
 }
 
@@ -239,6 +240,9 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
     if !agent.trace_id.is_empty() {
         let _ = writeln!(out, "  trace: {}", agent.trace_id);
     }
+    if !agent.tenant.is_empty() && agent.tenant != crate::scheduler::DEFAULT_TENANT {
+        let _ = writeln!(out, "  tenant: {}", agent.tenant);
+    }
     if let Some(approval) = &agent.approval {
         let _ = writeln!(
             out,
@@ -352,7 +356,6 @@ mod tests {
 
     fn sample_agent() -> pb::Agent {
         pb::Agent {
-            tenant: Default::default(),
             id: "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a".into(),
             agent: "coder".into(),
             model: "anthropic/claude-sonnet-4".into(),
@@ -391,6 +394,7 @@ mod tests {
             worker_id: String::new(),
             attempt: 1,
             trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            tenant: "team-a".into(),
             total_usage: Some(pb::Usage {
                 input_tokens: 15,
                 output_tokens: 25,
@@ -428,6 +432,7 @@ mod tests {
                 "workerId": "",
                 "attempt": 1,
                 "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
+                "tenant": "team-a",
                 "totalUsage": {"inputTokens": 15, "outputTokens": 25, "toolCalls": 4},
             })
         );
@@ -484,6 +489,7 @@ mod tests {
                 "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a  failed               1m01s  coder  anthropic/claude-sonnet-4",
                 "  description: fix the build",
                 "  trace: 4bf92f3577b34da6a3ce929d0e0e4736",
+                "  tenant: team-a",
                 "  error: DEADLINE_EXCEEDED: run exceeded 1m",
                 "  result:",
                 "    line one",

@@ -471,22 +471,46 @@ impl prometheus_client::collector::Collector for StoreCollector {
     }
 }
 
+/// How the metrics endpoint is guarded.
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    /// `[telemetry] metrics_token_file`: scrapes present its token.
+    pub token_file: Option<String>,
+    /// `[telemetry] metrics_tls`: the gRPC listener's certificate (and
+    /// client-certificate rules).
+    pub tls: Option<Arc<crate::tls::Acceptor>>,
+}
+
 /// Serves `GET /metrics` on `addr` until `shutdown`. Returns the bound
 /// address (useful with port 0) and the server task.
 pub async fn serve(
     addr: &str,
     metrics: Arc<Metrics>,
+    guard: Guard,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} ([telemetry] metrics_listen)"))?;
     let bound = listener.local_addr()?;
+    if let Some(file) = &guard.token_file {
+        read_token(file).await.with_context(|| {
+            format!("[telemetry] metrics_token_file = {file:?} must hold a token")
+        })?;
+    }
+    let token_file: Option<Arc<str>> = guard.token_file.as_deref().map(Arc::from);
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: http::HeaderMap| {
             let metrics = metrics.clone();
+            let token_file = token_file.clone();
             async move {
+                use axum::response::IntoResponse as _;
+                if let Some(file) = token_file {
+                    if let Err(refused) = check_token(&file, &headers).await {
+                        return refused.into_response();
+                    }
+                }
                 (
                     [(
                         http::header::CONTENT_TYPE,
@@ -494,16 +518,81 @@ pub async fn serve(
                     )],
                     metrics.encode(),
                 )
+                    .into_response()
             }
         }),
     );
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await;
+        let served = match guard.tls {
+            Some(acceptor) => {
+                axum::serve(crate::tls::Http1Listener::new(listener, acceptor), app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+        };
         if let Err(e) = served {
             tracing::error!(error = %e, "metrics endpoint stopped");
         }
     });
     Ok((bound, task))
+}
+
+/// The token in `file` (surrounding whitespace trimmed; a Secret's file
+/// often ends in a newline).
+async fn read_token(file: &str) -> anyhow::Result<String> {
+    let text = tokio::fs::read_to_string(file).await?;
+    let token = text.trim();
+    anyhow::ensure!(!token.is_empty(), "the file is empty");
+    Ok(token.to_owned())
+}
+
+type Refusal = (
+    http::StatusCode,
+    [(http::HeaderName, &'static str); 1],
+    &'static str,
+);
+
+/// Checks a scrape's bearer token against the file, read at every scrape
+/// so that a rotated Secret takes effect at once. Fails closed.
+async fn check_token(file: &str, headers: &http::HeaderMap) -> Result<(), Refusal> {
+    let challenge = (http::header::WWW_AUTHENTICATE, "Bearer");
+    let expected = match read_token(file).await {
+        Ok(token) => token,
+        Err(e) => {
+            tracing::error!(error = %e, file, "metrics token file unreadable; refusing scrapes");
+            return Err((
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                [challenge],
+                "metrics token unavailable\n",
+            ));
+        }
+    };
+    let presented = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    let ok = presented.is_some_and(|token| {
+        use sha2::Digest as _;
+        // Equal-length digests, compared in constant time: neither the
+        // token's bytes nor its length leak through timing.
+        let a = sha2::Sha256::digest(token.as_bytes());
+        let b = sha2::Sha256::digest(expected.as_bytes());
+        bool::from(subtle::ConstantTimeEq::ct_eq(a.as_slice(), b.as_slice()))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err((
+            http::StatusCode::UNAUTHORIZED,
+            [challenge],
+            "GET /metrics needs `authorization: Bearer <token>`\n",
+        ))
+    }
 }

@@ -6,6 +6,7 @@ pub mod child;
 pub mod cli;
 pub mod openai;
 pub mod postgres;
+pub mod tls;
 pub mod worker;
 
 use std::time::Duration;

@@ -1,0 +1,447 @@
+//! TLS over loopback gRPC: `[server.tls]` with a CA made at test time;
+//! plaintext and wrong-CA clients refused; client certificates mapped to
+//! principals by SAN (`[[auth.certs]]`); certificate rotation without a
+//! restart and without dropping open connections; the metrics endpoint
+//! behind a bearer token and TLS.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    auth::{key, with_key},
+    bg, error_info,
+    tls::{connect, Ca, Files},
+};
+use subagentd::{
+    config::{Config, ConfigSource},
+    pb,
+    server::{self, ServerHandle},
+};
+use tonic::Code;
+
+/// A server started from a config file in `files`, which tests rewrite.
+struct TlsServer {
+    handle: ServerHandle,
+    files: Files,
+}
+
+impl TlsServer {
+    async fn start(files: Files, toml: &str) -> Self {
+        let source = write_config(&files, toml);
+        let mut config: Config = source.load().expect("test config is valid");
+        config.server.shutdown_grace = Duration::ZERO;
+        config.store.backend = subagentd::config::StoreBackend::Memory;
+        let handle = server::start(config, source).await.expect("server starts");
+        Self { handle, files }
+    }
+
+    fn rewrite_and_reload(&self, toml: &str) {
+        write_config(&self.files, toml);
+        self.handle.reload().expect("reloaded config is valid");
+    }
+}
+
+fn write_config(files: &Files, toml: &str) -> ConfigSource {
+    let path = files.write("subagentd.toml", toml);
+    ConfigSource {
+        file: Some(path.into()),
+        listen: Some("127.0.0.1:0".into()),
+    }
+}
+
+const AGENTS: &str = r#"
+[limits]
+max_background_agents = 10
+
+[agents.simulated]
+runner = "simulated"
+
+[telemetry]
+metrics_listen = "127.0.0.1:0"
+"#;
+
+/// The call failed in the transport (the server refused the handshake),
+/// with `alert` in the cause when given; the server answered nothing.
+fn assert_transport_refused(err: &tonic::Status, alert: &str) {
+    assert!(
+        matches!(err.code(), Code::Unknown | Code::Unavailable),
+        "{err:?}"
+    );
+    let cause = format!("{:?}", std::error::Error::source(err));
+    assert!(cause.contains(alert), "expected {alert} in {cause}");
+    assert!(err.metadata().get("grpc-status").is_none(), "{err:?}");
+}
+
+fn status_request() -> pb::StatusRequest {
+    pb::StatusRequest::default()
+}
+
+#[tokio::test]
+async fn tls_serves_verified_clients_and_refuses_plaintext_and_wrong_cas() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let tls = files.server_tls(&ca.server(), None, "none");
+    let s = TlsServer::start(files, &format!("{AGENTS}\n[server.tls]\n{tls}")).await;
+    let addr = s.handle.addr();
+
+    let mut client = connect(addr, &ca, None).await.expect("TLS client connects");
+    let agent = client
+        .spawn(bg("openai/gpt-4o", "hello over tls"))
+        .await
+        .expect("Spawn over TLS")
+        .into_inner()
+        .agent
+        .unwrap();
+    let listed = client.status(status_request()).await.unwrap().into_inner();
+    assert!(listed.agents.iter().any(|a| a.id == agent.id));
+
+    // A plaintext client gets no answer from a TLS listener.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut plain = pb::agent_service_client::AgentServiceClient::new(channel);
+        let err = plain.status(status_request()).await.unwrap_err();
+        assert_transport_refused(&err, "");
+    }
+
+    // A client that trusts another CA refuses the server's certificate.
+    let other = Ca::new("other ca");
+    assert!(connect(addr, &other, None).await.is_err());
+
+    // The server stays healthy for verified clients.
+    let mut again = connect(addr, &ca, None).await.unwrap();
+    again.status(status_request()).await.unwrap();
+}
+
+fn cert_principals(client_auth: &str, files: &Files, ca: &Ca, extra: &str) -> String {
+    let tls = files.server_tls(&ca.server(), Some(ca), client_auth);
+    format!(
+        r#"{AGENTS}
+[server.tls]
+{tls}
+[auth]
+mode = "required"
+
+[[auth.certs]]
+san = "spiffe://test/ns/agents/sa/frontend"
+tenant = "team-a"
+roles = ["frontend"]
+
+[[auth.certs]]
+san = "spiffe://test/ns/agents/sa/viewer"
+tenant = "team-b"
+roles = ["viewer"]
+{extra}"#
+    )
+}
+
+#[tokio::test]
+async fn client_certificates_are_principals_by_their_san() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let toml = cert_principals("required", &files, &ca, "");
+    let s = TlsServer::start(files, &toml).await;
+    let addr = s.handle.addr();
+
+    // A frontend certificate spawns into its tenant.
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let mut c = connect(addr, &ca, Some(&frontend)).await.unwrap();
+    let agent = c
+        .spawn(bg("openai/gpt-4o", "by certificate"))
+        .await
+        .expect("a mapped certificate's principal may Spawn")
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(agent.tenant, "team-a");
+
+    // A viewer certificate of another tenant: its roles and its tenant.
+    let viewer = ca.client(&["spiffe://test/ns/agents/sa/viewer"]);
+    let mut v = connect(addr, &ca, Some(&viewer)).await.unwrap();
+    let err = v.spawn(bg("openai/gpt-4o", "no")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let listed = v.status(status_request()).await.unwrap().into_inner();
+    assert!(
+        listed.agents.is_empty(),
+        "team-b sees none of team-a's agents"
+    );
+
+    // A valid certificate that no entry maps is an unknown credential.
+    let stranger = ca.client(&["spiffe://test/ns/other/sa/nobody"]);
+    let mut x = connect(addr, &ca, Some(&stranger)).await.unwrap();
+    let err = x.status(status_request()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let (reason, meta) = error_info(&err);
+    assert_eq!(reason, "UNAUTHENTICATED");
+    assert_eq!(meta["cause"], "unknown");
+
+    // client_auth = "required": no certificate, or one another CA signed,
+    // fails the handshake (the first call, with rustls' TLS 1.3).
+    let rogue = Ca::new("rogue ca").client(&["spiffe://test/ns/agents/sa/frontend"]);
+    for (identity, alert) in [(None, "CertificateRequired"), (Some(&rogue), "UnknownCA")] {
+        if let Ok(mut c) = connect(addr, &ca, identity).await {
+            let err = c.status(status_request()).await.unwrap_err();
+            assert_transport_refused(&err, alert);
+        }
+    }
+    // ... and the server still serves the rest.
+    c.status(status_request()).await.unwrap();
+}
+
+#[tokio::test]
+async fn optional_client_auth_takes_keys_and_certificates() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let viewer_key = key("view", "team-b", &["viewer"], None);
+    let extra = format!("\n[auth.keys.view]\n{}", viewer_key.entry);
+    let toml = cert_principals("optional", &files, &ca, &extra);
+    let s = TlsServer::start(files, &toml).await;
+    let addr = s.handle.addr();
+
+    // No certificate: an API key authenticates; nothing is missing.
+    let mut c = connect(addr, &ca, None).await.unwrap();
+    c.status(with_key(status_request(), &viewer_key.key))
+        .await
+        .expect("a key over TLS without a client certificate");
+    let err = c.status(status_request()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert_eq!(error_info(&err).1["cause"], "missing");
+
+    // A certificate: its principal.
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let mut f = connect(addr, &ca, Some(&frontend)).await.unwrap();
+    let agent = f
+        .spawn(bg("openai/gpt-4o", "optional"))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(agent.tenant, "team-a");
+
+    // A presented certificate must still be valid.
+    let rogue = Ca::new("rogue ca").client(&["spiffe://test/ns/agents/sa/frontend"]);
+    if let Ok(mut r) = connect(addr, &ca, Some(&rogue)).await {
+        let err = r.status(status_request()).await.unwrap_err();
+        assert_transport_refused(&err, "UnknownCA");
+    }
+}
+
+#[tokio::test]
+async fn a_removed_certificate_entry_ends_its_open_watch() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let toml = cert_principals("required", &files, &ca, "");
+    let s = TlsServer::start(files, &toml).await;
+    let viewer = ca.client(&["spiffe://test/ns/agents/sa/viewer"]);
+    let mut v = connect(s.handle.addr(), &ca, Some(&viewer)).await.unwrap();
+    let mut stream = v
+        .watch_agents(pb::WatchAgentsRequest::default())
+        .await
+        .expect("the viewer may watch")
+        .into_inner();
+
+    // The viewer's entry goes; the frontend's stays.
+    let without = toml.replace(
+        "[[auth.certs]]\nsan = \"spiffe://test/ns/agents/sa/viewer\"\ntenant = \"team-b\"\nroles = [\"viewer\"]\n",
+        "",
+    );
+    assert_ne!(without, toml);
+    s.rewrite_and_reload(&without);
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("the watch ended without a status"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("the watch outlived its certificate's entry"),
+        }
+    };
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(error_info(&ended).1["cause"], "unknown");
+}
+
+/// Connects with `ca` until it works or `within` passes; Err(last error).
+async fn connects_within(
+    addr: std::net::SocketAddr,
+    ca: &Ca,
+    within: Duration,
+) -> Result<Duration, String> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match connect(addr, ca, None).await {
+            Ok(mut c) => match c.status(status_request()).await {
+                Ok(_) => return Ok(started.elapsed()),
+                Err(e) if started.elapsed() > within => return Err(e.to_string()),
+                Err(_) => {}
+            },
+            Err(e) if started.elapsed() > within => return Err(e.to_string()),
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn rotated_certificates_take_effect_without_dropping_connections() {
+    let old_ca = Ca::new("old ca");
+    let files = Files::new();
+    let tls = files.server_tls(&old_ca.server(), None, "none");
+    let toml = format!("{AGENTS}\n[server.tls]\n{tls}");
+    let s = TlsServer::start(files, &toml).await;
+    let addr = s.handle.addr();
+    let mut open = connect(addr, &old_ca, None).await.unwrap();
+    open.status(status_request()).await.unwrap();
+
+    // A rotated Secret: new files under the same names. The periodic
+    // check picks them up within 10 s, without SIGHUP.
+    let new_ca = Ca::new("new ca");
+    let rotated = new_ca.server();
+    s.files.write("server.crt", &rotated.cert);
+    s.files.write("server.key", &rotated.key);
+    let took = connects_within(addr, &new_ca, Duration::from_secs(10))
+        .await
+        .expect("the rotated certificate is served within 10 s");
+    assert!(took <= Duration::from_secs(11), "{took:?}");
+    assert!(
+        connect(addr, &old_ca, None).await.is_err()
+            || connect(addr, &old_ca, None)
+                .await
+                .unwrap()
+                .status(status_request())
+                .await
+                .is_err(),
+        "new connections get the new certificate"
+    );
+    // The connection opened before the rotation still works.
+    open.status(status_request())
+        .await
+        .expect("an open connection survives the rotation");
+
+    // SIGHUP (a reload) applies a change at once; a key that does not
+    // match its certificate is refused and the last good pair stays.
+    let third = Ca::new("third ca");
+    let pair = third.server();
+    s.files.write("server.crt", &pair.cert);
+    s.files.write("server.key", &rotated.key);
+    s.handle.reload().unwrap();
+    connects_within(addr, &new_ca, Duration::ZERO)
+        .await
+        .expect("a mismatched pair is refused; the last good one stays");
+    s.files.write("server.key", &pair.key);
+    s.handle.reload().unwrap();
+    connects_within(addr, &third, Duration::ZERO)
+        .await
+        .expect("SIGHUP applies the new pair at once");
+}
+
+#[tokio::test]
+async fn the_metrics_endpoint_takes_a_token_and_tls() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let token = files.write("metrics-token", "first-token\n");
+    let tls = files.server_tls(&ca.server(), None, "none");
+    let toml = format!(
+        "{AGENTS}metrics_token_file = {token:?}\nmetrics_tls = true\n\n[server.tls]\n{tls}"
+    );
+    let s = TlsServer::start(files, &toml).await;
+    let metrics = s.handle.metrics_addr().unwrap();
+    let url = format!("https://localhost:{}/metrics", metrics.port());
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem.as_bytes()).unwrap())
+        .resolve("localhost", metrics)
+        .build()
+        .unwrap();
+
+    let scrape = |bearer: Option<&'static str>| {
+        let mut request = http.get(&url);
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.expect("the endpoint answers").status() }
+    };
+    assert_eq!(scrape(None).await, 401);
+    assert_eq!(scrape(Some("wrong-token")).await, 401);
+    assert_eq!(scrape(Some("first-token")).await, 200);
+
+    // A rotated token works at the next scrape; the old one no longer.
+    s.files.write("metrics-token", "second-token");
+    assert_eq!(scrape(Some("first-token")).await, 401);
+    assert_eq!(scrape(Some("second-token")).await, 200);
+
+    // Plain HTTP gets no metrics from a TLS endpoint.
+    let plain = reqwest::get(format!("http://{metrics}/metrics")).await;
+    assert!(plain.map(|r| r.status() != 200).unwrap_or(true));
+}
+
+#[test]
+fn tls_config_errors_name_the_key() {
+    let check = |toml: &str| ConfigSource::from_toml_str(toml).unwrap_err().to_string();
+    assert!(check("[server.tls]\ncert_file = \"a.pem\"\n").contains("server.tls.key_file"));
+    assert!(check(
+        "[server.tls]\ncert_file = \"a\"\nkey_file = \"b\"\nclient_auth = \"required\"\n"
+    )
+    .contains("server.tls.client_ca_file"));
+    assert!(check(
+        "[auth]\nmode = \"required\"\n[[auth.certs]]\nsan = \"spiffe://x\"\ntenant = \"t\"\nroles = [\"viewer\"]\n"
+    )
+    .contains("auth.certs"));
+    assert!(check("[telemetry]\nmetrics_tls = true\n").contains("telemetry.metrics_tls"));
+}
+
+#[tokio::test]
+async fn the_cli_speaks_tls_with_a_ca_file_and_a_client_certificate() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let toml = cert_principals("required", &files, &ca, "");
+    let s = TlsServer::start(files, &toml).await;
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let ca_file = s.files.write("ca.crt", &ca.pem);
+    let cert_file = s.files.write("frontend.crt", &frontend.cert);
+    let key_file = s.files.write("frontend.key", &frontend.key);
+    let addr = s.handle.addr().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "spawn".to_owned(),
+            "--addr".to_owned(),
+            addr.clone(),
+            "--json".to_owned(),
+            "--agent".to_owned(),
+            "simulated".to_owned(),
+            "--model".to_owned(),
+            "openai/gpt-4o".to_owned(),
+            "--background".to_owned(),
+            "--prompt".to_owned(),
+            "from the cli".to_owned(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        common::cli::subagentd_async(args)
+    };
+
+    let ok = run(&[
+        "--ca-file",
+        &ca_file,
+        "--cert-file",
+        &cert_file,
+        "--key-file",
+        &key_file,
+    ])
+    .await;
+    assert!(ok.status.success(), "{}", common::cli::stderr(&ok));
+    let agent: serde_json::Value =
+        serde_json::from_str(common::cli::stdout(&ok).lines().next().unwrap()).unwrap();
+    assert_eq!(agent["tenant"], "team-a", "{agent}");
+
+    // Without the client certificate the handshake is refused, and the
+    // CLI says so and exits 1.
+    let refused = run(&["--ca-file", &ca_file]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        common::cli::stderr(&refused).contains("error:"),
+        "{}",
+        common::cli::stderr(&refused)
+    );
+}
