@@ -167,6 +167,14 @@ pub struct HaConfig {
     /// leads. Empty (default): `$POD_IP:<listen port>` when `POD_IP` is
     /// set, otherwise the listen address.
     pub advertise_address: String,
+    /// With `[server.tls]`: the CA a standby verifies the leader's
+    /// certificate with. Empty (default): `[server.tls] client_ca_file`,
+    /// else the public web roots.
+    pub tls_ca_file: String,
+    /// With `[server.tls]`: the name the leader's certificate must carry.
+    /// Empty (default): the first DNS name of this server's own
+    /// certificate (replicas share one), else the advertised host.
+    pub tls_server_name: String,
 }
 
 impl Default for HaConfig {
@@ -174,6 +182,8 @@ impl Default for HaConfig {
         Self {
             lease_ttl: DEFAULT_LEASE_TTL,
             advertise_address: String::new(),
+            tls_ca_file: String::new(),
+            tls_server_name: String::new(),
         }
     }
 }

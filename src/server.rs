@@ -298,12 +298,17 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         let elector = Elector::start(Arc::new(lease), ha::holder_name(&advertised), timing);
         (route, elector)
     });
+    let forward_tls = match (&tls, election.is_some()) {
+        (Some(acceptor), true) => Some(leader_tls(&config, acceptor, &advertised)?),
+        _ => None,
+    };
     // Only servers that can be standbys pay for the routing decision.
     let forward = election.is_some().then(|| {
         ForwardLayer::new(
             routes,
             &advertised,
             ForwardSettings {
+                tls: forward_tls.clone(),
                 connect_timeout: config.ha.lease_ttl / 5,
                 keepalive_interval: config.server.keepalive_interval,
                 keepalive_timeout: config.server.keepalive_timeout,
@@ -368,7 +373,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
             // Every call but health and reflection is authenticated
             // here, a standby's before it forwards (the leader checks
             // the same header again) and refusals counted above.
-            .layer(AuthLayer::new(keyring.shared()))
+            .layer(AuthLayer::new(keyring.shared(), tls.clone()))
             // A standby relays AgentService and WorkerService calls to
             // the leader; counted and deadline-checked here as well.
             .layer(tower::util::option_layer(forward))
@@ -423,6 +428,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 timing: Timing {
                     ttl: config.ha.lease_ttl,
                 },
+                leader_tls: forward_tls,
             }
             .run(elector.role(), elector.leader()),
         );
@@ -493,6 +499,45 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     })
 }
 
+/// How a standby reaches the leader over TLS: the leader's certificate
+/// verified with `[ha] tls_ca_file` (else the client CA, else the web
+/// roots) for `[ha] tls_server_name` (else this server's own certificate's
+/// DNS name: replicas share one), presenting this server's certificate, so
+/// that the leader knows a replica and trusts the callers it forwards.
+fn leader_tls(
+    config: &Config,
+    acceptor: &crate::tls::Acceptor,
+    advertised: &str,
+) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    let (ha, tls) = (&config.ha, &config.server.tls);
+    let ca = [&ha.tls_ca_file, &tls.client_ca_file]
+        .into_iter()
+        .find(|f| !f.is_empty())
+        .cloned();
+    let client = crate::tls::ClientTls {
+        ca_file: ca,
+        cert_file: Some(tls.cert_file.clone()),
+        key_file: Some(tls.key_file.clone()),
+    };
+    let name = if ha.tls_server_name.is_empty() {
+        acceptor
+            .own_dns_name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| {
+                advertised
+                    .rsplit_once(':')
+                    .map_or(advertised, |(host, _)| host)
+                    .to_owned()
+            })
+    } else {
+        ha.tls_server_name.clone()
+    };
+    Ok(client
+        .config()
+        .context("TLS to the leader ([ha] tls_ca_file, [server.tls])")?
+        .domain_name(name))
+}
+
 /// Secure by default: without authentication, only loopback listeners,
 /// unless `[auth] allow_unauthenticated` says otherwise (then a warning at
 /// every start).
@@ -551,6 +596,8 @@ struct Follower {
     deposed: CancellationToken,
     route: watch::Sender<Route>,
     timing: Timing,
+    /// With `[server.tls]`: how to reach the leader.
+    leader_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Drop for Follower {
@@ -666,7 +713,14 @@ impl Follower {
                 }
             }
             let healthy = match &address {
-                Some(address) => leader_serving(address, self.timing.call_timeout()).await,
+                Some(address) => {
+                    leader_serving(
+                        address,
+                        self.leader_tls.as_ref(),
+                        self.timing.call_timeout(),
+                    )
+                    .await
+                }
                 None => false,
             };
             if healthy != serving {
@@ -682,11 +736,23 @@ impl Follower {
 }
 
 /// Whether the leader at `address` answers its health check SERVING.
-async fn leader_serving(address: &str, timeout: Duration) -> bool {
+async fn leader_serving(
+    address: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+    timeout: Duration,
+) -> bool {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{address}")) else {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let Ok(mut endpoint) = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+    else {
         return false;
     };
+    if let Some(tls) = tls {
+        let Ok(with_tls) = endpoint.tls_config(tls.clone()) else {
+            return false;
+        };
+        endpoint = with_tls;
+    }
     let check = async {
         let channel = endpoint.connect_timeout(timeout).connect().await.ok()?;
         let answer = HealthClient::new(channel)

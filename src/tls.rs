@@ -78,6 +78,16 @@ struct Files {
 }
 
 impl Files {
+    /// The SANs of the leaf certificate (empty when it cannot be parsed;
+    /// `server_config` refuses such a file anyway).
+    fn leaf_sans(&self) -> Vec<Arc<str>> {
+        CertificateDer::pem_slice_iter(&self.cert)
+            .next()
+            .and_then(Result::ok)
+            .map(|leaf| certificate_sans(leaf.as_ref()))
+            .unwrap_or_default()
+    }
+
     fn read(tls: &ServerTls) -> Result<Self, TlsError> {
         let read = |key: &'static str, path: &str| {
             std::fs::read(Path::new(path)).map_err(|e| tls_error(key, path, e))
@@ -161,6 +171,9 @@ fn client_verifier(
 #[derive(Debug)]
 pub struct Acceptor {
     current: ArcSwap<ServerConfig>,
+    /// The SANs of the certificate in `current`: a connection presenting
+    /// a certificate with one of them is another replica of this service.
+    own_sans: ArcSwap<Vec<Arc<str>>>,
     source: Mutex<(ServerTls, Files)>,
 }
 
@@ -172,6 +185,7 @@ impl Acceptor {
         let config = files.server_config(tls)?;
         Ok(Self {
             current: ArcSwap::from_pointee(config),
+            own_sans: ArcSwap::from_pointee(files.leaf_sans()),
             source: Mutex::new((tls.clone(), files)),
         })
     }
@@ -189,8 +203,26 @@ impl Acceptor {
         }
         let config = files.server_config(tls)?;
         self.current.store(Arc::new(config));
+        self.own_sans.store(Arc::new(files.leaf_sans()));
         *self.source.lock() = (tls.clone(), files);
         Ok(true)
+    }
+
+    /// Whether a client certificate with `sans` is another replica's: it
+    /// carries a name of this server's own certificate (replicas share
+    /// one), so its forwarded callers' identities are trusted.
+    pub fn is_peer(&self, sans: &[Arc<str>]) -> bool {
+        let own = self.own_sans.load();
+        sans.iter().any(|san| own.contains(san))
+    }
+
+    /// The first DNS name of this server's certificate.
+    pub fn own_dns_name(&self) -> Option<Arc<str>> {
+        self.own_sans
+            .load()
+            .iter()
+            .find(|san| !san.contains(':') && san.parse::<std::net::IpAddr>().is_err())
+            .cloned()
     }
 
     /// Reads the files again and logs what happened: the periodic check.

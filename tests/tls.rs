@@ -36,6 +36,19 @@ impl TlsServer {
         Self { handle, files }
     }
 
+    /// A server of `toml` as written, in its own config file `name` (the
+    /// HA test runs two on one database).
+    async fn start_as(files: &Files, name: &str, toml: &str) -> ServerHandle {
+        let path = files.write(name, toml);
+        let source = ConfigSource {
+            file: Some(path.into()),
+            listen: Some("127.0.0.1:0".into()),
+        };
+        let mut config: Config = source.load().expect("test config is valid");
+        config.server.shutdown_grace = Duration::ZERO;
+        server::start(config, source).await.expect("server starts")
+    }
+
     fn rewrite_and_reload(&self, toml: &str) {
         write_config(&self.files, toml);
         self.handle.reload().expect("reloaded config is valid");
@@ -444,4 +457,113 @@ async fn the_cli_speaks_tls_with_a_ca_file_and_a_client_certificate() {
         "{}",
         common::cli::stderr(&refused)
     );
+}
+
+/// Waits (on a health Watch over TLS) until `addr` serves AgentService.
+async fn serving(addr: std::net::SocketAddr, ca: &Ca) {
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("health over TLS");
+    let mut updates = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: "subagents.v1.AgentService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(update) = updates.message().await.unwrap() {
+            if update.status == ServingStatus::Serving as i32 {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the server becomes SERVING");
+}
+
+#[tokio::test]
+async fn a_standby_forwards_over_tls_and_the_leader_acts_for_the_same_principal() {
+    let Some(db) = common::postgres::Database::create().await else {
+        return;
+    };
+    let ca = Ca::new("cluster ca");
+    let files = Files::new();
+    let frontend_b = key("frontb", "team-b", &["frontend"], None);
+    let extra = format!(
+        "\n[[auth.certs]]\nsan = \"spiffe://test/ns/agents/sa/admin\"\ntenant = \"ops\"\nroles = [\"admin\"]\n\n\
+         [auth.keys.frontb]\n{}\n[store]\nbackend = \"postgres\"\nurl = \"{}\"\n\n[ha]\nlease_ttl = \"2s\"\n",
+        frontend_b.entry, db.url
+    );
+    let toml = cert_principals("optional", &files, &ca, &extra);
+    let leader = TlsServer::start_as(&files, "leader.toml", &toml).await;
+    serving(leader.addr(), &ca).await;
+    let standby = TlsServer::start_as(&files, "standby.toml", &toml).await;
+    serving(standby.addr(), &ca).await;
+
+    // A certificate principal through the standby: the leader acts for it.
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let mut via_standby = connect(standby.addr(), &ca, Some(&frontend)).await.unwrap();
+    let agent = via_standby
+        .spawn(bg("openai/gpt-4o", "through the standby"))
+        .await
+        .expect("a forwarded Spawn")
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(agent.tenant, "team-a");
+    let mut at_leader = connect(leader.addr(), &ca, Some(&frontend)).await.unwrap();
+    let seen = at_leader
+        .status(status_request())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(seen.agents.iter().any(|a| a.id == agent.id));
+
+    // An API key through the standby: its own tenant, not the standby's.
+    let mut keyed = connect(standby.addr(), &ca, None).await.unwrap();
+    let b = keyed
+        .spawn(with_key(bg("openai/gpt-4o", "keyed"), &frontend_b.key))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(b.tenant, "team-b");
+    let listed = keyed
+        .status(with_key(status_request(), &frontend_b.key))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.agents.iter().all(|a| a.tenant == "team-b"));
+    assert!(listed.agents.iter().any(|a| a.id == b.id));
+
+    // A client that is not a replica cannot claim another identity with
+    // the forwarded-SANs header, at the leader or at the standby.
+    let viewer = ca.client(&["spiffe://test/ns/agents/sa/viewer"]);
+    for addr in [leader.addr(), standby.addr()] {
+        let mut v = connect(addr, &ca, Some(&viewer)).await.unwrap();
+        let mut request = tonic::Request::new(pb::CancelRequest {
+            id: agent.id.clone(),
+            ..Default::default()
+        });
+        request.metadata_mut().insert(
+            "subagentd-forwarded-sans",
+            "spiffe://test/ns/agents/sa/admin".parse().unwrap(),
+        );
+        let err = v.cancel(request).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    }
+    leader.abort().await;
+    standby.abort().await;
 }

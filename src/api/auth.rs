@@ -15,11 +15,12 @@ use std::{
 use tonic::body::Body;
 use tower::{Layer, Service};
 
+use crate::api::forward::FORWARDED_SANS_HEADER;
 use crate::auth::{
     policy, AuthError, Credential, Principal, Revocation, Role, SharedAuthenticator,
 };
 use crate::scheduler::Scope;
-use crate::tls::PeerInfo;
+use crate::tls::{Acceptor, PeerInfo};
 
 /// The calls that stay open: they end when their credential is revoked.
 const LONG_LIVED: &[&str] = &[
@@ -31,14 +32,22 @@ const LONG_LIVED: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     auth: SharedAuthenticator,
+    tls: Option<Arc<Acceptor>>,
 }
 
 impl AuthLayer {
-    /// Checks calls with whatever `auth` holds at the time of each call.
-    pub fn new(auth: SharedAuthenticator) -> Self {
-        Self { auth }
+    /// Checks calls with whatever `auth` holds at the time of each call;
+    /// `tls` (the listener's) tells the other replicas' connections apart.
+    pub fn new(auth: SharedAuthenticator, tls: Option<Arc<Acceptor>>) -> Self {
+        Self { auth, tls }
     }
 }
+
+/// The client-certificate SANs a call authenticated with (a request
+/// extension): its own connection's, or, for a call another replica
+/// forwarded, its original caller's. A standby passes them on.
+#[derive(Debug, Clone)]
+pub struct CallerSans(pub Arc<[Arc<str>]>);
 
 impl<S> Layer<S> for AuthLayer {
     type Service = AuthService<S>;
@@ -47,6 +56,7 @@ impl<S> Layer<S> for AuthLayer {
         AuthService {
             inner,
             auth: self.auth.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -56,6 +66,33 @@ impl<S> Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     auth: SharedAuthenticator,
+    tls: Option<Arc<Acceptor>>,
+}
+
+impl<S> AuthService<S> {
+    /// The client-certificate SANs that speak for `req`: those another
+    /// replica forwarded, when the connection is one; else the
+    /// connection's own. A forwarded-SANs header from anyone else is
+    /// ignored.
+    fn caller_sans(&self, req: &http::Request<Body>) -> Option<Arc<[Arc<str>]>> {
+        let own = req
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|peer| peer.sans.clone());
+        let forwarded = req.headers().get(FORWARDED_SANS_HEADER);
+        match (own, forwarded, &self.tls) {
+            (Some(own), Some(forwarded), Some(tls)) if tls.is_peer(&own) => {
+                let sans: Vec<Arc<str>> = forwarded
+                    .to_str()
+                    .ok()?
+                    .split_ascii_whitespace()
+                    .map(Arc::from)
+                    .collect();
+                Some(sans.into())
+            }
+            (own, _, _) => own,
+        }
+    }
 }
 
 impl<S> Service<http::Request<Body>> for AuthService<S>
@@ -81,15 +118,13 @@ where
             return Either::Left(self.inner.call(req));
         }
         let long_lived = LONG_LIVED.contains(&path);
+        let sans = self.caller_sans(&req);
         let credential = Credential {
             authorization: req
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
-            peer_sans: req
-                .extensions()
-                .get::<PeerInfo>()
-                .and_then(|peer| peer.sans.as_deref()),
+            peer_sans: sans.as_deref(),
         };
         let checked = self.auth.load().check(credential, path);
         match checked {
@@ -97,6 +132,9 @@ where
                 if long_lived && self.auth.load().required() {
                     let revocation = self.auth.follow(credential);
                     req.extensions_mut().insert(revocation);
+                }
+                if let Some(sans) = sans {
+                    req.extensions_mut().insert(CallerSans(sans));
                 }
                 req.extensions_mut().insert(principal);
                 Either::Left(self.inner.call(req))

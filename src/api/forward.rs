@@ -39,6 +39,12 @@ use crate::scheduler::Error;
 /// views of the leader would otherwise bounce it between them).
 pub const FORWARDED_HEADER: &str = "subagentd-forwarded-by";
 
+/// The header in which a standby passes on the SANs of its caller's
+/// client certificate (space-separated), when the caller authenticated by
+/// certificate: the leader, which sees the standby's certificate, trusts
+/// it only from another replica (`tls::Acceptor::is_peer`).
+pub const FORWARDED_SANS_HEADER: &str = "subagentd-forwarded-sans";
+
 /// The paths a standby forwards; everything else is served locally.
 const FORWARDED_PREFIXES: [&str; 2] = [
     "/subagents.v1.AgentService/",
@@ -66,8 +72,11 @@ pub enum Route {
 }
 
 /// Connection settings of the channel to the leader.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ForwardSettings {
+    /// With `[server.tls]`: TLS to the leader, presenting this server's
+    /// own certificate.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// How long connecting to the leader may take.
     pub connect_timeout: Duration,
     /// HTTP/2 PING interval on the connection to the leader.
@@ -117,9 +126,16 @@ impl Shared {
                 return Ok(channel.clone());
             }
         }
-        let s = self.settings;
-        let channel = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("the leader's address {address:?} is not a URI: {e}"))?
+        let s = &self.settings;
+        let scheme = if s.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| format!("the leader's address {address:?} is not a URI: {e}"))?;
+        if let Some(tls) = &s.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| format!("TLS to the leader at {address}: {e}"))?;
+        }
+        let channel = endpoint
             .connect_timeout(s.connect_timeout)
             .http2_keep_alive_interval(s.keepalive_interval)
             .keep_alive_timeout(s.keepalive_timeout)
@@ -139,6 +155,23 @@ impl<S> Layer<S> for ForwardLayer {
             inner,
             shared: self.shared.clone(),
         }
+    }
+}
+
+/// Replaces whatever [`FORWARDED_SANS_HEADER`] a caller sent with the SANs
+/// of its own verified certificate, when that is its credential (a
+/// bearer credential travels in its own header).
+fn pass_on_certificate(req: &mut http::Request<Body>) {
+    req.headers_mut().remove(FORWARDED_SANS_HEADER);
+    if req.headers().contains_key(http::header::AUTHORIZATION) {
+        return;
+    }
+    let sans = req
+        .extensions()
+        .get::<crate::api::auth::CallerSans>()
+        .map(|c| c.0.join(" "));
+    if let Some(value) = sans.and_then(|s| http::HeaderValue::from_str(&s).ok()) {
+        req.headers_mut().insert(FORWARDED_SANS_HEADER, value);
     }
 }
 
@@ -190,6 +223,7 @@ where
                 };
                 req.headers_mut()
                     .insert(FORWARDED_HEADER, self.shared.me.clone());
+                pass_on_certificate(&mut req);
                 Box::pin(async move {
                     let sent = tokio::select! {
                         sent = channel.oneshot(req) => sent,
