@@ -27,6 +27,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 
+from subagentd.client import channel as open_channel
 from subagentd.client import error_details, error_info
 from subagents.v1 import subagents_pb2 as pb
 from subagents.v1 import subagents_pb2_grpc
@@ -119,7 +120,10 @@ def main() -> int:
     args = parser.parse_args()
     lead_id = args.lead or f"lead-{uuid.uuid4()}"
 
-    with grpc.insecure_channel(args.addr) as channel:
+    # Plaintext, or TLS when SUBAGENTD_CA_FILE (and for mTLS
+    # SUBAGENTD_CERT_FILE and SUBAGENTD_KEY_FILE) is set; SUBAGENTD_TOKEN,
+    # when set, is sent as the API key.
+    with open_channel(args.addr) as channel:
         agents = subagents_pb2_grpc.AgentServiceStub(channel)
         say("lead", lead_id)
 

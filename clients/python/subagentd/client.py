@@ -79,17 +79,48 @@ class _Bearer(
         return continuation(self._with_token(details), requests)
 
 
-def channel(target: str, token: Optional[str] = None) -> grpc.Channel:
-    """A plaintext channel to subagentd at `target` ("host:port") whose
-    calls carry `token` — by default the `SUBAGENTD_TOKEN` environment
-    variable; none when both are empty (a server without authentication)."""
+def _read(path: Optional[str]) -> Optional[bytes]:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def channel(
+    target: str,
+    token: Optional[str] = None,
+    ca_file: Optional[str] = None,
+    cert_file: Optional[str] = None,
+    key_file: Optional[str] = None,
+) -> grpc.Channel:
+    """A channel to subagentd at `target` ("host:port") whose calls carry
+    `token` — by default the `SUBAGENTD_TOKEN` environment variable; none
+    when both are empty (a server without authentication).
+
+    With `ca_file` (PEM; default `SUBAGENTD_CA_FILE`) the channel is TLS,
+    verifying the server with that CA; `cert_file` and `key_file` (default
+    `SUBAGENTD_CERT_FILE`, `SUBAGENTD_KEY_FILE`) add a client certificate
+    (mTLS). Without any of them the channel is plaintext."""
     if token is None:
         token = os.environ.get("SUBAGENTD_TOKEN", "")
-    plain = grpc.insecure_channel(target)
+    ca_file = ca_file if ca_file is not None else os.environ.get("SUBAGENTD_CA_FILE")
+    cert_file = cert_file if cert_file is not None else os.environ.get("SUBAGENTD_CERT_FILE")
+    key_file = key_file if key_file is not None else os.environ.get("SUBAGENTD_KEY_FILE")
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("cert_file and key_file go together")
+    if ca_file or cert_file:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(ca_file),
+            private_key=_read(key_file),
+            certificate_chain=_read(cert_file),
+        )
+        base = grpc.secure_channel(target, credentials)
+    else:
+        base = grpc.insecure_channel(target)
     token = token.strip()
     if not token:
-        return plain
-    return grpc.intercept_channel(plain, _Bearer(token))
+        return base
+    return grpc.intercept_channel(base, _Bearer(token))
 
 
 def rich_status(err: grpc.RpcError) -> Optional[status_pb2.Status]:

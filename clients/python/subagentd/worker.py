@@ -20,7 +20,9 @@ cancels the rest. Without it, `run()` returns when the session ends.
 
 Against a server that requires authentication, give the worker a key with the
 `worker` role (`token=`, or the `SUBAGENTD_TOKEN` environment variable). It
-serves only its key's tenant's runs.
+serves only its key's tenant's runs. Over TLS, pass `ca_file=` (and for a
+client-certificate principal `cert_file=` and `key_file=`), or set
+`SUBAGENTD_CA_FILE`, `SUBAGENTD_CERT_FILE` and `SUBAGENTD_KEY_FILE`.
 
 Every report of a run is numbered (`seq`) and kept until the server says the
 run's end is durable (`released`): after a server crash, the next session
@@ -229,10 +231,17 @@ class Worker:
         channel: Optional[grpc.Channel] = None,
         reconnect_delay: Optional[float] = None,
         token: Optional[str] = None,
+        ca_file: Optional[str] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
     ):
         self.target = target
         #: The key sent on the session (None: `SUBAGENTD_TOKEN`, if set).
         self.token = token
+        #: TLS: the CA and the client certificate (None: the
+        #: `SUBAGENTD_CA_FILE`, `SUBAGENTD_CERT_FILE`, `SUBAGENTD_KEY_FILE`
+        #: variables; plaintext without any). See `client.channel`.
+        self.tls = (ca_file, cert_file, key_file)
         self.agents = list(agents)
         self.handler = handler
         self.capacity = capacity
@@ -258,7 +267,10 @@ class Worker:
         server refuses the hello (INVALID_ARGUMENT) or the credential
         (UNAUTHENTICATED, PERMISSION_DENIED) or, without
         `reconnect_delay`, the connection fails."""
-        channel = self._channel or client.channel(self.target, self.token)
+        ca_file, cert_file, key_file = self.tls
+        channel = self._channel or client.channel(
+            self.target, self.token, ca_file=ca_file, cert_file=cert_file, key_file=key_file
+        )
         stub = workers_pb2_grpc.WorkerServiceStub(channel)
         try:
             while True:

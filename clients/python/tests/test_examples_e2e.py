@@ -87,9 +87,15 @@ def _lines(stream, into: "queue.Queue[str]") -> None:
 class Server:
     """subagentd serving CONFIG on a free loopback port."""
 
-    def __init__(self):
+    def __init__(self, tls_dir: "str | None" = None):
+        """With `tls_dir` (certificates made by `test_tls_e2e.make_ca` and
+        `leaf` there), the server speaks TLS with `server.crt`."""
         self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
         self.config.write(CONFIG)
+        if tls_dir is not None:
+            self.config.write(
+                f'\n[server.tls]\ncert_file = "{tls_dir}/server.crt"\nkey_file = "{tls_dir}/server.key"\n'
+            )
         self.config.close()
         self.proc = subprocess.Popen(
             [BIN, "serve", "--config", self.config.name, "--listen", "127.0.0.1:0"],
@@ -121,7 +127,11 @@ class Server:
             if "subagentd listening" in line:
                 break
         self.addr = line.split("addr=")[1].split()[0]
-        self.channel = grpc.insecure_channel(self.addr)
+        if tls_dir is None:
+            self.channel = grpc.insecure_channel(self.addr)
+        else:
+            with open(f"{tls_dir}/ca.crt", "rb") as f:
+                self.channel = grpc.secure_channel(self.addr, grpc.ssl_channel_credentials(f.read()))
         self.agents = subagents_pb2_grpc.AgentServiceStub(self.channel)
 
     def stop(self) -> None:
@@ -163,11 +173,27 @@ def _build_typescript() -> None:
 
 
 class LeadWorkflowExamples(unittest.TestCase):
-    def run_example(self, argv):
-        server = Server()
+    def run_example(self, argv, tls: bool = False):
+        """Runs the example against a fresh server; with `tls`, a TLS one,
+        the example finding its CA in SUBAGENTD_CA_FILE."""
+        env = dict(os.environ)
+        tls_dir = None
+        if tls:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from pki import leaf, make_ca
+
+            tls_dir = tempfile.mkdtemp()
+            self.addCleanup(shutil.rmtree, tls_dir)
+            make_ca(tls_dir)
+            leaf(tls_dir, "server", "DNS:localhost,IP:127.0.0.1")
+            env["SUBAGENTD_CA_FILE"] = f"{tls_dir}/ca.crt"
+        server = Server(tls_dir)
         self.addCleanup(server.stop)
+        # Over TLS by name, as certificates name servers (node warns when
+        # TLS's server name is an IP address, RFC 6066).
+        addr = server.addr.replace("127.0.0.1:", "localhost:") if tls else server.addr
         done = subprocess.run(
-            [*argv, "--addr", server.addr], capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT
+            [*argv, "--addr", addr], capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT, env=env
         )
         report = f"\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
         self.assertEqual(done.returncode, 0, report)
@@ -219,7 +245,16 @@ class LeadWorkflowExamples(unittest.TestCase):
     def test_python_lead_workflow(self):
         self.run_example([sys.executable, "-W", "error::ResourceWarning", str(PY_EXAMPLE)])
 
+    def test_python_lead_workflow_over_tls(self):
+        self.run_example([sys.executable, "-W", "error::ResourceWarning", str(PY_EXAMPLE)], tls=True)
+
+    def test_typescript_lead_workflow_over_tls(self):
+        self.typescript_lead_workflow(tls=True)
+
     def test_typescript_lead_workflow(self):
+        self.typescript_lead_workflow(tls=False)
+
+    def typescript_lead_workflow(self, tls: bool):
         if not (TS_DIR / "node_modules").is_dir():
             message = "clients/typescript/node_modules is missing: run `npm ci --prefix clients/typescript`"
             if REQUIRE_TS:
@@ -228,7 +263,7 @@ class LeadWorkflowExamples(unittest.TestCase):
         if shutil.which("node") is None:
             self.fail("node is not on PATH, but clients/typescript/node_modules exists")
         _build_typescript()
-        self.run_example(["node", str(TS_EXAMPLE)])
+        self.run_example(["node", str(TS_EXAMPLE)], tls=tls)
 
 
 if __name__ == "__main__":

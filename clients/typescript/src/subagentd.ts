@@ -4,6 +4,7 @@
 // that every subagentd error status carries in its `grpc-status-details-bin`
 // trailer.
 
+import * as fs from "node:fs";
 import * as path from "node:path";
 
 import * as grpc from "@grpc/grpc-js";
@@ -74,12 +75,42 @@ function bearer(token: string): grpc.Interceptor {
     });
 }
 
+/** TLS for `connect`: PEM files; any of them set means TLS. */
+export interface TlsFiles {
+  /** The CA to verify the server with (default: SUBAGENTD_CA_FILE; none: the system roots). */
+  caFile?: string;
+  /** A client certificate to present, with `keyFile` (default: SUBAGENTD_CERT_FILE). */
+  certFile?: string;
+  /** Its private key (default: SUBAGENTD_KEY_FILE). */
+  keyFile?: string;
+}
+
+/** Channel credentials for `tls` (with the SUBAGENTD_* defaults): TLS when a file is named. */
+function channelCredentials(tls: TlsFiles): grpc.ChannelCredentials {
+  const caFile = tls.caFile ?? process.env.SUBAGENTD_CA_FILE;
+  const certFile = tls.certFile ?? process.env.SUBAGENTD_CERT_FILE;
+  const keyFile = tls.keyFile ?? process.env.SUBAGENTD_KEY_FILE;
+  if (!caFile && !certFile && !keyFile) {
+    return grpc.credentials.createInsecure();
+  }
+  if (!certFile !== !keyFile) {
+    throw new Error("certFile and keyFile go together");
+  }
+  const read = (file?: string) => (file ? fs.readFileSync(file) : null);
+  return grpc.credentials.createSsl(read(caFile), read(keyFile), read(certFile));
+}
+
 /**
- * Loads subagents.v1.AgentService from PROTO_DIR and connects to `addr` (host:port), without TLS.
- * Calls carry `token` (default: the SUBAGENTD_TOKEN environment variable) as a bearer key when
- * it is set, for a server with `[auth] mode = "required"`.
+ * Loads subagents.v1.AgentService from PROTO_DIR and connects to `addr` (host:port): over TLS
+ * when `tls` or the SUBAGENTD_CA_FILE / SUBAGENTD_CERT_FILE / SUBAGENTD_KEY_FILE variables name
+ * a file, plaintext otherwise. Calls carry `token` (default: the SUBAGENTD_TOKEN environment
+ * variable) as a bearer key when it is set, for a server with `[auth] mode = "required"`.
  */
-export function connect(addr: string, token: string = process.env.SUBAGENTD_TOKEN ?? ""): AgentServiceClient {
+export function connect(
+  addr: string,
+  token: string = process.env.SUBAGENTD_TOKEN ?? "",
+  tls: TlsFiles = {},
+): AgentServiceClient {
   const definition = protoLoader.loadSync("subagents/v1/subagents.proto", {
     ...LOADER_OPTIONS,
     includeDirs: [PROTO_DIR],
@@ -88,7 +119,7 @@ export function connect(addr: string, token: string = process.env.SUBAGENTD_TOKE
   const loaded = grpc.loadPackageDefinition(definition) as any;
   const AgentService = loaded.subagents.v1.AgentService as grpc.ServiceClientConstructor;
   const interceptors = token.trim() ? [bearer(token.trim())] : [];
-  return new AgentService(addr, grpc.credentials.createInsecure(), { interceptors }) as AgentServiceClient;
+  return new AgentService(addr, channelCredentials(tls), { interceptors }) as AgentServiceClient;
 }
 
 /** Calls unary method `method` (e.g. "Spawn") with a deadline; resolves to the response object. */
