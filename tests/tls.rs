@@ -567,3 +567,60 @@ async fn a_standby_forwards_over_tls_and_the_leader_acts_for_the_same_principal(
     leader.abort().await;
     standby.abort().await;
 }
+
+#[tokio::test]
+async fn subagentd_worker_connects_with_its_client_certificate() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let extra = "\n[[auth.certs]]\nsan = \"spiffe://test/ns/agents/sa/worker\"\ntenant = \"team-a\"\nroles = [\"worker\"]\n\n[agents.script]\nrunner = \"worker\"\n";
+    let toml = cert_principals("required", &files, &ca, extra);
+    let s = TlsServer::start(files, &toml).await;
+    let worker = ca.client(&["spiffe://test/ns/agents/sa/worker"]);
+    let ca_file = s.files.write("ca.crt", &ca.pem);
+    let cert_file = s.files.write("worker.crt", &worker.cert);
+    let key_file = s.files.write("worker.key", &worker.key);
+    let mut process = common::child::ChildWorker::start_unconnected_with_env(
+        &s.handle.addr().to_string(),
+        "[worker]\nname = \"w1\"\n\n[agents.script]\nrunner = \"simulated\"\n",
+        &[
+            ("SUBAGENTD_CA_FILE", &ca_file),
+            ("SUBAGENTD_CERT_FILE", &cert_file),
+            ("SUBAGENTD_KEY_FILE", &key_file),
+        ],
+    );
+    process.connected().await;
+
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let mut c = connect(s.handle.addr(), &ca, Some(&frontend))
+        .await
+        .unwrap();
+    let agent = c
+        .spawn(pb::SpawnRequest {
+            agent: "script".into(),
+            ..bg("acme/gpt", "output served over mtls")
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let done = c
+        .r#await(pb::AwaitRequest {
+            ids: vec![agent.id.clone()],
+            timeout: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!done.timed_out);
+    assert_eq!(
+        done.agents[0].status,
+        pb::AgentStatus::Done as i32,
+        "{done:?}"
+    );
+    assert_eq!(done.agents[0].result, "served over mtls");
+}

@@ -54,6 +54,13 @@ pub struct ClientArgs {
         value_name = "KEY"
     )]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS flags of the client subcommands and `subagentd worker`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
     /// PEM CA certificate(s) to verify the server's TLS certificate with;
     /// implies TLS. With an https:// address and no CA file, the public
     /// web roots are used.
@@ -77,13 +84,29 @@ pub struct ClientArgs {
     pub key_file: Option<String>,
 }
 
-impl ClientArgs {
-    fn tls(&self) -> crate::tls::ClientTls {
-        crate::tls::ClientTls {
+impl TlsArgs {
+    /// `url` with TLS applied: https when a TLS flag is given, and the
+    /// config for an https endpoint (its CA and client certificate).
+    pub fn secure(
+        &self,
+        url: String,
+    ) -> Result<(String, Option<tonic::transport::ClientTlsConfig>), crate::tls::ClientTlsError>
+    {
+        let tls = crate::tls::ClientTls {
             ca_file: self.ca_file.clone(),
             cert_file: self.cert_file.clone(),
             key_file: self.key_file.clone(),
-        }
+        };
+        let url = match url.strip_prefix("http://") {
+            // A CA or client certificate given means TLS.
+            Some(rest) if tls.any() => format!("https://{rest}"),
+            _ => url,
+        };
+        let config = url
+            .starts_with("https://")
+            .then(|| tls.config())
+            .transpose()?;
+        Ok((url, config))
     }
 }
 
@@ -565,20 +588,17 @@ async fn connect(args: &ClientArgs) -> Result<Client, CliError> {
         crate::api::auth::bearer_header(args.token.as_deref())
             .map_err(|_| CliError::InvalidToken)?,
     );
-    let tls = args.tls();
-    let mut url = normalize_addr(&args.addr);
-    if tls.any() && url.starts_with("http://") {
-        // A CA or client certificate given means TLS.
-        url = url.replacen("http://", "https://", 1);
-    }
+    let (url, tls) = args
+        .tls
+        .secure(normalize_addr(&args.addr))
+        .map_err(CliError::Tls)?;
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::InvalidAddr {
             addr: args.addr.clone(),
             reason: error_chain(&e),
         })?
         .connect_timeout(CONNECT_TIMEOUT);
-    if url.starts_with("https://") {
-        let config = tls.config().map_err(CliError::Tls)?;
+    if let Some(config) = tls {
         endpoint = endpoint
             .tls_config(config)
             .map_err(|source| CliError::Connect {
@@ -1241,9 +1261,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             json: false,
             token: None,
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
+            tls: TlsArgs::default(),
         };
         let err = tokio::runtime::Builder::new_current_thread()
             .enable_all()

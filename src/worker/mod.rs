@@ -85,6 +85,8 @@ pub struct WorkerArgs {
         value_name = "KEY"
     )]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::cli::client::TlsArgs,
 }
 
 /// `subagentd worker`: serve runs until SIGTERM/SIGINT, then drain.
@@ -95,9 +97,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let telemetry = crate::telemetry::init(&config.telemetry)?;
-    let url = server_url(&args.server);
-    let endpoint = Endpoint::from_shared(url.clone())
-        .with_context(|| format!("--server {:?} is not a gRPC address", args.server))?
+    let (url, tls) = args.tls.secure(server_url(&args.server))?;
+    let mut endpoint = Endpoint::from_shared(url.clone())
+        .with_context(|| format!("--server {:?} is not a gRPC address", args.server))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls)
+            .context("--ca-file, --cert-file, --key-file")?;
+    }
+    let endpoint = endpoint
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         // A server that stops answering (a frozen pod) ends the session
