@@ -557,6 +557,10 @@ pub struct ServerConfig {
     pub max_pending_reset_streams: usize,
     /// `[server.tls]`: TLS on the gRPC listener (off without `cert_file`).
     pub tls: ServerTls,
+    /// A second, plaintext listener serving only `grpc.health.v1`, for
+    /// probes that cannot speak TLS (Kubernetes' gRPC probe). Empty
+    /// (default): none. Read at start only.
+    pub health_listen: String,
 }
 
 /// `[server.tls] client_auth`: whether clients present certificates.
@@ -998,6 +1002,7 @@ impl Default for ServerConfig {
             max_message_bytes: 0,
             max_pending_reset_streams: 20,
             tls: ServerTls::default(),
+            health_listen: String::new(),
         }
     }
 }
@@ -1186,6 +1191,17 @@ impl Config {
             .map_err(|e| invalid("server.listen", format!("must be an IP:port address ({e})")))?;
         self.auth.validate()?;
         self.server.tls.validate()?;
+        if !self.server.health_listen.is_empty() {
+            self.server
+                .health_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| {
+                    invalid(
+                        "server.health_listen",
+                        format!("must be an IP:port address ({e})"),
+                    )
+                })?;
+        }
         if self.telemetry.metrics_tls && !self.server.tls.enabled() {
             return Err(invalid(
                 "telemetry.metrics_tls",

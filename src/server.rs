@@ -44,6 +44,8 @@ const CONNECTION_DRAIN: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
+    /// `[server] health_listen`'s bound address.
+    health_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
     scheduler: Scheduler,
     source: ConfigSource,
@@ -80,6 +82,11 @@ impl ServerHandle {
     /// The bound address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of `[server] health_listen`, if it is on.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
     }
 
     /// The bound address of the metrics endpoint, if it is on.
@@ -380,7 +387,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
             // Health.Watch streams end at shutdown (after the
             // NOT_SERVING update) instead of holding the exit back.
             .add_service(EndOnShutdown::new(
-                health_service,
+                health_service.clone(),
                 shutdown.clone(),
                 &["/grpc.health.v1.Health/Watch"],
             ))
@@ -409,6 +416,14 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 shutdown.cancelled_owned(),
             )),
         }
+    };
+    let health_addr = if config.server.health_listen.is_empty() {
+        None
+    } else {
+        let listen = &config.server.health_listen;
+        let (bound, task) = serve_health(listen, health_service, shutdown.clone()).await?;
+        tasks.push(task);
+        Some(bound)
     };
     let store_failed = CancellationToken::new();
     let writer = Arc::new(Mutex::new(None));
@@ -483,6 +498,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     }
     Ok(ServerHandle {
         addr,
+        health_addr,
         tls,
         metrics_addr,
         scheduler,
@@ -497,6 +513,38 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ha,
         keyring,
     })
+}
+
+/// `[server] health_listen`: `grpc.health.v1` alone, in plaintext (it
+/// tells nothing but SERVING or not), for probes that cannot do TLS.
+async fn serve_health<H: tonic_health::pb::health_server::Health>(
+    listen: &str,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} ([server] health_listen)"))?;
+    let bound = listener.local_addr()?;
+    Ok((
+        bound,
+        tokio::spawn(async move {
+            let served = Server::builder()
+                .add_service(EndOnShutdown::new(
+                    health,
+                    shutdown.clone(),
+                    &["/grpc.health.v1.Health/Watch"],
+                ))
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown.cancelled_owned(),
+                )
+                .await;
+            if let Err(e) = served {
+                error!(error = %e, "health endpoint stopped");
+            }
+        }),
+    ))
 }
 
 /// How a standby reaches the leader over TLS: the leader's certificate

@@ -624,3 +624,36 @@ async fn subagentd_worker_connects_with_its_client_certificate() {
     );
     assert_eq!(done.agents[0].result, "served over mtls");
 }
+
+#[tokio::test]
+async fn health_listen_serves_plaintext_health_and_nothing_else() {
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let tls = files.server_tls(&ca.server(), None, "none");
+    let toml =
+        format!("{AGENTS}\n[server]\nhealth_listen = \"127.0.0.1:0\"\n\n[server.tls]\n{tls}");
+    let s = TlsServer::start(files, &toml).await;
+    let health = s.handle.health_addr().expect("health listener on");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{health}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("plaintext to the health port");
+    let answer = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest {
+            service: "subagents.v1.AgentService".into(),
+        })
+        .await
+        .expect("health answers without TLS or credential")
+        .into_inner();
+    assert_eq!(answer.status, ServingStatus::Serving as i32);
+    // Only health: the agent API is not on that port.
+    let err = pb::agent_service_client::AgentServiceClient::new(channel)
+        .status(status_request())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
+}
