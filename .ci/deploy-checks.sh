@@ -316,6 +316,10 @@ TEMPLATE_BAD_CASES=(
   'mode none without the explicit opt-in|auth.allowUnauthenticated|auth:\n  mode: none'
   'workers without a key under mode required|worker.tokenSecret|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: simulated'
   'a worker type the server does not run on workers|the server must declare agents.w with runner: worker|worker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated'
+  'certificate principals without client certificates|auth.certs: certificate principals need client certificates|auth:\n  certs:\n    - san: spiffe://x\n      tenant: t\n      roles: [viewer]\ntls:\n  secret: s'
+  'client certificates without TLS|tls.clientAuth: client certificates need TLS|tls:\n  clientAuth: required'
+  'metrics over TLS without TLS|metrics.tls: serves tls.secret|metrics:\n  tls: true'
+  'workers without a certificate under TLS|worker.tlsSecret|agents:\n  w:\n    runner: worker\ntls:\n  secret: s\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated'
   'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
 )
 bad_template() { # EXPECTED FILE
@@ -403,9 +407,29 @@ kill = max([a.get("killGraceSeconds", 5) for a in values["agents"].values() if a
 want = grace + kill + values["terminationGraceMarginSeconds"]
 need(pod["terminationGracePeriodSeconds"] == want > grace,
      f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']}, want {want} (> {grace})")
-need(c["livenessProbe"]["grpc"] == {"port": 50051}, "liveness: grpc on 50051")
-need(c["readinessProbe"]["grpc"] == {"port": 50051, "service": "subagents.v1.AgentService"},
-     "readiness: grpc on 50051, service subagents.v1.AgentService")
+# With TLS the kubelet (which cannot speak TLS to a gRPC probe) probes the
+# plaintext health-only port.
+tls = values.get("tls", {})
+probe = tls.get("healthPort", 8086) if tls.get("secret") else 50051
+need(c["livenessProbe"]["grpc"] == {"port": probe}, f"liveness: grpc on {probe}")
+need(c["readinessProbe"]["grpc"] == {"port": probe, "service": "subagents.v1.AgentService"},
+     f"readiness: grpc on {probe}, service subagents.v1.AgentService")
+if tls.get("secret"):
+    server_tls = config["server"]["tls"]
+    need(config["server"]["health_listen"] == f"0.0.0.0:{probe}", "health_listen on the probe port")
+    tls_dir = os.path.dirname(server_tls["cert_file"])
+    need(server_tls["key_file"] == f"{tls_dir}/tls.key" and server_tls["client_auth"] == tls["clientAuth"],
+         "[server.tls] from the Secret's tls.crt and tls.key")
+    need(tls["clientAuth"] == "none" or server_tls["client_ca_file"] == f"{tls_dir}/ca.crt",
+         "client certificates verified against the Secret's ca.crt")
+    (tls_mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == tls_dir]
+    need("subPath" not in tls_mount, "the TLS Secret is mounted whole, so that renewals reach the pod")
+    need(len(config["auth"].get("certs", [])) == len(values["auth"].get("certs", [])), "[[auth.certs]] from auth.certs")
+else:
+    need("tls" not in config["server"], "no [server.tls] without tls.secret")
+need(set(config.get("tenants", {})) == set(values.get("tenants", {})), "[tenants.NAME] from tenants")
+if metrics and values["metrics"].get("tokenSecret"):
+    need(config["telemetry"]["metrics_token_file"].startswith("/var/run/secrets/"), "metrics token from its Secret")
 sc, psc = c["securityContext"], pod["securityContext"]
 need(sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
      and sc["capabilities"]["drop"] == ["ALL"] and sc["runAsNonRoot"], "container securityContext")
@@ -461,7 +485,8 @@ else:
     (wc,) = wpod["containers"]
     svc = docs["Service"]
     # render() uses --namespace agents.
-    url = f"http://{svc['metadata']['name']}.agents.svc:{values['service']['grpcPort']}"
+    scheme = "https" if tls.get("secret") else "http"
+    url = f"{scheme}://{svc['metadata']['name']}.agents.svc:{values['service']['grpcPort']}"
     need(wc["args"][:3] == ["worker", "--server", url], f"worker --server must be the Service {url}: {wc['args']}")
     wconfig = tomllib.loads(wcm["data"]["config.toml"])
     wmounts = {m["mountPath"]: m["name"] for m in wc["volumeMounts"]}

@@ -156,7 +156,7 @@ The server's address as the workers reach it: the chart's Service, so any
 ready server (a standby forwards to the leader).
 */}}
 {{- define "subagentd.serverUrl" -}}
-{{- printf "http://%s.%s.svc:%d" (include "subagentd.fullname" .) .Release.Namespace (int .Values.service.grpcPort) }}
+{{- printf "%s://%s.%s.svc:%d" (ternary "https" "http" (ne (toString .Values.tls.secret) "")) (include "subagentd.fullname" .) .Release.Namespace (int .Values.service.grpcPort) }}
 {{- end }}
 
 {{/*
@@ -199,6 +199,17 @@ listen = "0.0.0.0:{{ include "subagentd.grpcContainerPort" . }}"
 keepalive_interval = {{ include "subagentd.tomlString" $v.server.keepaliveInterval }}
 keepalive_timeout = {{ include "subagentd.tomlString" $v.server.keepaliveTimeout }}
 shutdown_grace = "{{ int64 $v.server.shutdownGraceSeconds }}s"
+{{- if $v.tls.secret }}
+health_listen = "0.0.0.0:{{ int64 $v.tls.healthPort }}"
+
+[server.tls]
+cert_file = "{{ include "subagentd.tlsDir" . }}/tls.crt"
+key_file = "{{ include "subagentd.tlsDir" . }}/tls.key"
+{{- if ne (toString $v.tls.clientAuth) "none" }}
+client_ca_file = "{{ include "subagentd.tlsDir" . }}/ca.crt"
+{{- end }}
+client_auth = {{ include "subagentd.tomlString" $v.tls.clientAuth }}
+{{- end }}
 
 [auth]
 mode = {{ include "subagentd.tomlString" $v.auth.mode }}
@@ -206,6 +217,29 @@ mode = {{ include "subagentd.tomlString" $v.auth.mode }}
 keys_dir = "{{ include "subagentd.keysDir" . }}"
 {{- else }}
 allow_unauthenticated = {{ $v.auth.allowUnauthenticated }}
+{{- end }}
+{{- range $v.auth.certs }}
+
+[[auth.certs]]
+san = {{ include "subagentd.tomlString" .san }}
+tenant = {{ include "subagentd.tomlString" .tenant }}
+roles = {{ toJson .roles }}
+{{- if .agentTypes }}
+agent_types = {{ toJson .agentTypes }}
+{{- end }}
+{{- end }}
+{{- range $name, $t := $v.tenants }}
+
+[tenants.{{ toJson $name }}]
+{{- if hasKey $t "maxBackgroundAgents" }}
+max_background_agents = {{ include "subagentd.tomlInt" $t.maxBackgroundAgents }}
+{{- end }}
+{{- if hasKey $t "spawnRate" }}
+spawn_rate = {{ float64 $t.spawnRate }}
+{{- end }}
+{{- if hasKey $t "spawnBurst" }}
+spawn_burst = {{ include "subagentd.tomlInt" $t.spawnBurst }}
+{{- end }}
 {{- end }}
 
 [limits]
@@ -286,6 +320,12 @@ pool_size = {{ include "subagentd.tomlInt" .poolSize }}
 
 [telemetry]
 metrics_listen = {{ if $v.metrics.enabled }}"0.0.0.0:{{ include "subagentd.metricsContainerPort" . }}"{{ else }}""{{ end }}
+{{- if and $v.metrics.enabled $v.metrics.tokenSecret }}
+metrics_token_file = "{{ include "subagentd.metricsTokenDir" . }}/token"
+{{- end }}
+{{- if and $v.metrics.enabled $v.metrics.tls $v.tls.secret }}
+metrics_tls = true
+{{- end }}
 {{- with $v.telemetry }}
 {{- if hasKey . "otlpEndpoint" }}
 otlp_endpoint = {{ include "subagentd.tomlString" .otlpEndpoint }}
@@ -398,20 +438,45 @@ Where the API keys Secret is mounted: [auth] keys_dir.
 /var/run/secrets/subagentd/keys
 {{- end }}
 
+{{- define "subagentd.tlsDir" -}}
+/var/run/secrets/subagentd/tls
+{{- end }}
+
+{{- define "subagentd.metricsTokenDir" -}}
+/var/run/secrets/subagentd/metrics
+{{- end }}
+
 {{/*
 The auth rules JSON Schema cannot state: a key Secret for mode required (and
 a worker key for the workers), and an explicit opt-in for mode none.
 */}}
 {{- define "subagentd.checkAuth" -}}
 {{- $a := .Values.auth -}}
+{{- if and (not .Values.tls.secret) (ne (toString .Values.tls.clientAuth) "none") }}
+{{- fail "tls.clientAuth: client certificates need TLS: set tls.secret (a kubernetes.io/tls Secret with ca.crt)" }}
+{{- end }}
+{{- if and .Values.metrics.tls (not .Values.tls.secret) }}
+{{- fail "metrics.tls: serves tls.secret's certificate: set tls.secret" }}
+{{- end }}
+{{- if and .Values.worker.enabled .Values.tls.secret (not .Values.worker.tlsSecret) }}
+{{- fail "worker.tlsSecret: with tls.secret the workers need a kubernetes.io/tls Secret with ca.crt (to verify the server) and their client certificate" }}
+{{- end }}
 {{- if eq (toString $a.mode) "required" }}
-{{- if not $a.keysSecret }}
+{{- if and (not $a.keysSecret) (not $a.certs) }}
 {{- fail "auth.keysSecret: auth.mode required (the default) needs an existing Secret of API keys (one entry per key id; `subagentd keys new --file-form`); or choose unauthenticated serving explicitly with auth.mode: none and auth.allowUnauthenticated: true" }}
 {{- end }}
-{{- if and .Values.worker.enabled (not .Values.worker.tokenSecret) }}
-{{- fail "worker.tokenSecret: with auth.mode required the workers need an API key with the worker role, from an existing Secret (worker.tokenSecret, worker.tokenKey)" }}
+{{- if and .Values.worker.enabled (not .Values.worker.tokenSecret) (not .Values.worker.tlsSecret) }}
+{{- fail "worker.tokenSecret: with auth.mode required the workers need an API key with the worker role, from an existing Secret (worker.tokenSecret, worker.tokenKey), or a client certificate mapped in auth.certs (worker.tlsSecret)" }}
+{{- end }}
+{{- if and $a.certs (eq (toString $.Values.tls.clientAuth) "none") }}
+{{- fail "auth.certs: certificate principals need client certificates: set tls.secret and tls.clientAuth (optional or required)" }}
 {{- end }}
 {{- else if not $a.allowUnauthenticated }}
 {{- fail "auth.allowUnauthenticated: auth.mode none serves every agent to anyone on the pod network; set auth.allowUnauthenticated: true to accept that" }}
 {{- end }}
+{{- end }}
+
+{{/* The port the kubelet probes: the gRPC port, or with TLS the plaintext health-only one. */}}
+{{- define "subagentd.probePort" -}}
+{{- if .Values.tls.secret }}{{ int64 .Values.tls.healthPort }}{{ else }}{{ include "subagentd.grpcContainerPort" . }}{{ end }}
 {{- end }}
