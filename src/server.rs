@@ -486,6 +486,18 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
             }
         }));
     }
+    let http = reqwest::Client::new();
+    if let Some(verifier) = keyring.jwt() {
+        match verifier.load(&http).await {
+            Ok(keys) => info!(keys, "JWKS loaded"),
+            Err(e) if verifier.config().jwks_url.is_empty() => {
+                anyhow::bail!("[auth.jwt] jwks_file: {e}")
+            }
+            // The issuer may be briefly away: the refresh task retries.
+            Err(e) => warn!(error = %e, "JWKS not loaded yet; no JWT is accepted until it is"),
+        }
+    }
+    tasks.push(tokio::spawn(refresh_jwks(keyring.clone(), http)));
     if let Some(acceptor) = &tls {
         let acceptor = acceptor.clone();
         tasks.push(tokio::spawn(async move {
@@ -513,6 +525,63 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ha,
         keyring,
     })
+}
+
+/// Keeps `[auth.jwt]`'s keys fresh: every `jwks_refresh` (every 10 s
+/// while fetches fail), at once when a call names an unknown key id (at
+/// most once a minute, see `JwtVerifier::request_early_fetch`), and at
+/// once for a verifier a reload made.
+async fn refresh_jwks(keyring: Arc<Keyring>, http: reqwest::Client) {
+    let mut loaded: Option<Arc<crate::auth::jwt::JwtVerifier>> = keyring.jwt();
+    loop {
+        let Some(verifier) = keyring.jwt() else {
+            loaded = None;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        let fresh = !loaded.as_ref().is_some_and(|l| Arc::ptr_eq(l, &verifier));
+        let mut ok = true;
+        if fresh {
+            ok = load_jwks(&verifier, &http).await;
+            loaded = Some(verifier.clone());
+        }
+        let every = verifier.config().jwks_refresh;
+        let wait = if ok {
+            every
+        } else {
+            every.min(Duration::from_secs(10))
+        };
+        let replaced = async {
+            while keyring
+                .jwt()
+                .is_some_and(|now| Arc::ptr_eq(&now, &verifier))
+            {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = verifier.early_fetch_wanted() => {}
+            () = replaced => continue,
+        }
+        if !load_jwks(&verifier, &http).await {
+            // Retry soon: the next turn sees it as not loaded.
+            loaded = None;
+        }
+    }
+}
+
+async fn load_jwks(verifier: &crate::auth::jwt::JwtVerifier, http: &reqwest::Client) -> bool {
+    match verifier.load(http).await {
+        Ok(keys) => {
+            tracing::debug!(keys, "JWKS refreshed");
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "JWKS refresh failed; keeping the keys in use");
+            false
+        }
+    }
 }
 
 /// `[server] health_listen`: `grpc.health.v1` alone, in plaintext (it

@@ -95,16 +95,58 @@ impl<S> AuthService<S> {
     }
 }
 
+impl<S> AuthService<S> {
+    /// Authenticates and authorizes `req`, putting its principal (and for
+    /// a long-lived call its [`Revocation`]) into its extensions.
+    fn admit(&self, req: &mut http::Request<Body>) -> Result<(), AuthError> {
+        let path = req.uri().path();
+        let long_lived = LONG_LIVED.contains(&path);
+        let sans = self.caller_sans(req);
+        let credential = Credential {
+            authorization: req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            peer_sans: sans.as_deref(),
+            tenant: req
+                .headers()
+                .get(crate::auth::jwt::TENANT_HEADER)
+                .map(|v| v.as_bytes()),
+        };
+        let auth = self.auth.load();
+        let principal = auth.check(credential, path)?;
+        let revocation = (long_lived && auth.required()).then(|| self.auth.follow(credential));
+        let extensions = req.extensions_mut();
+        if let Some(revocation) = revocation {
+            extensions.insert(revocation);
+        }
+        if let Some(sans) = sans {
+            extensions.insert(CallerSans(sans));
+        }
+        extensions.insert(principal);
+        Ok(())
+    }
+}
+
+/// How long a call signed by an unknown JWT key waits for the early
+/// JWKS fetch it asked for.
+const EARLY_FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type BoxFuture<T, E> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, E>> + Send>>;
+
 impl<S> Service<http::Request<Body>> for AuthService<S>
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>>,
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
     type Future = futures_util::future::Either<
-        S::Future,
-        std::future::Ready<Result<http::Response<Body>, S::Error>>,
+        futures_util::future::Either<
+            S::Future,
+            std::future::Ready<Result<http::Response<Body>, S::Error>>,
+        >,
+        BoxFuture<http::Response<Body>, S::Error>,
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -113,33 +155,42 @@ where
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         use futures_util::future::Either;
-        let path = req.uri().path();
-        if policy::is_open(path) {
-            return Either::Left(self.inner.call(req));
+        if policy::is_open(req.uri().path()) {
+            return Either::Left(Either::Left(self.inner.call(req)));
         }
-        let long_lived = LONG_LIVED.contains(&path);
-        let sans = self.caller_sans(&req);
-        let credential = Credential {
-            authorization: req
-                .headers()
-                .get(http::header::AUTHORIZATION)
-                .map(|v| v.as_bytes()),
-            peer_sans: sans.as_deref(),
-        };
-        let checked = self.auth.load().check(credential, path);
-        match checked {
-            Ok(principal) => {
-                if long_lived && self.auth.load().required() {
-                    let revocation = self.auth.follow(credential);
-                    req.extensions_mut().insert(revocation);
-                }
-                if let Some(sans) = sans {
-                    req.extensions_mut().insert(CallerSans(sans));
-                }
-                req.extensions_mut().insert(principal);
-                Either::Left(self.inner.call(req))
+        let refuse = |e: AuthError| Ok(tonic::Status::from(e).into_http());
+        match self.admit(&mut req) {
+            Ok(()) => Either::Left(Either::Left(self.inner.call(req))),
+            Err(AuthError::UnknownSigningKey) => {
+                // A key the JWKS does not hold yet (the issuer rotated):
+                // fetch it early, at most once a minute, and try again.
+                let fetched = self
+                    .auth
+                    .load()
+                    .jwt()
+                    .and_then(|verifier| verifier.request_early_fetch());
+                let Some(mut fetched) = fetched else {
+                    return Either::Left(Either::Right(std::future::ready(refuse(
+                        AuthError::UnknownSigningKey,
+                    ))));
+                };
+                // The service that was made ready goes with the call.
+                let ready = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, ready);
+                let this = AuthService {
+                    inner: (),
+                    auth: self.auth.clone(),
+                    tls: self.tls.clone(),
+                };
+                Either::Right(Box::pin(async move {
+                    let _ = tokio::time::timeout(EARLY_FETCH_WAIT, fetched.changed()).await;
+                    match this.admit(&mut req) {
+                        Ok(()) => inner.call(req).await,
+                        Err(e) => refuse(e),
+                    }
+                }))
             }
-            Err(e) => Either::Right(std::future::ready(Ok(tonic::Status::from(e).into_http()))),
+            Err(e) => Either::Left(Either::Right(std::future::ready(refuse(e)))),
         }
     }
 }

@@ -343,6 +343,25 @@ impl From<crate::auth::AuthError> for Status {
                 );
                 Code::Unauthenticated
             }
+            AuthError::UnknownSigningKey => {
+                info(
+                    &mut d,
+                    REASON_UNAUTHENTICATED,
+                    &[("cause", crate::auth::Cause::Unknown.name().to_owned())],
+                );
+                Code::Unauthenticated
+            }
+            AuthError::TenantNotGranted { granted, .. } => {
+                info(
+                    &mut d,
+                    REASON_PERMISSION_DENIED,
+                    &[
+                        ("granted_tenants", granted.join(",")),
+                        ("header", crate::auth::jwt::TENANT_HEADER.to_owned()),
+                    ],
+                );
+                Code::PermissionDenied
+            }
             AuthError::PermissionDenied { method, required } => {
                 info(
                     &mut d,

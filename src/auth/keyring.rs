@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
-use super::{AuthConfig, Authenticator, Credential, KeyConfig};
+use super::{jwt::JwtVerifier, AuthConfig, Authenticator, Credential, KeyConfig};
 
 /// How often the keys directory is read again: twice within the 10 s in
 /// which a changed Secret must take effect.
@@ -51,6 +51,7 @@ impl SharedAuthenticator {
             auth: self.clone(),
             authorization: credential.authorization.map(Box::from),
             peer_sans: credential.peer_sans.map(Arc::from),
+            tenant: credential.tenant.map(Box::from),
             changes: self.0.changes.subscribe(),
         }
     }
@@ -63,6 +64,7 @@ pub struct Revocation {
     auth: SharedAuthenticator,
     authorization: Option<Box<[u8]>>,
     peer_sans: Option<Arc<[Arc<str>]>>,
+    tenant: Option<Box<[u8]>>,
     changes: tokio::sync::watch::Receiver<u64>,
 }
 
@@ -81,6 +83,7 @@ impl Revocation {
                 .authenticate_call(Credential {
                     authorization: self.authorization.as_deref(),
                     peer_sans: self.peer_sans.as_deref(),
+                    tenant: self.tenant.as_deref(),
                 })
                 .is_err()
             {
@@ -105,6 +108,9 @@ struct State {
     /// The files refused at the last read, by name, so each problem is
     /// logged once, not at every poll.
     refused: BTreeMap<String, String>,
+    /// `[auth.jwt]`'s verifier, kept across rebuilds while that section
+    /// stays the same (its keys were fetched once).
+    jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Keyring {
@@ -112,12 +118,15 @@ impl Keyring {
     pub fn new(config: &AuthConfig) -> Self {
         let (dir_keys, refused) = read_dir(&config.keys_dir);
         log_refused(&BTreeMap::new(), &refused);
-        let current = SharedAuthenticator::new(Authenticator::with_dir_keys(config, &dir_keys));
+        let jwt = config.jwt.clone().map(|c| Arc::new(JwtVerifier::new(c)));
+        let current =
+            SharedAuthenticator::new(Authenticator::with_dir_keys(config, &dir_keys, jwt.clone()));
         Self {
             state: Mutex::new(State {
                 config: config.clone(),
                 dir_keys,
                 refused,
+                jwt,
             }),
             current,
         }
@@ -128,16 +137,44 @@ impl Keyring {
         self.current.clone()
     }
 
+    /// The JWT verifier of the current `[auth.jwt]`, if any (the refresh
+    /// task loads its keys).
+    pub fn jwt(&self) -> Option<Arc<JwtVerifier>> {
+        self.state.lock().jwt.clone()
+    }
+
     /// A reloaded `[auth]` (SIGHUP): applied with its directory read again.
+    /// A changed `[auth.jwt]` gets a new verifier (a JWKS file is read at
+    /// once; a URL at the refresh task's next turn).
     pub fn reconfigure(&self, config: &AuthConfig) {
         let (dir_keys, refused) = read_dir(&config.keys_dir);
         let mut state = self.state.lock();
         log_refused(&state.refused, &refused);
+        if state.jwt.as_ref().map(|v| v.config()) != config.jwt.as_ref() {
+            state.jwt = config.jwt.clone().map(|c| Arc::new(JwtVerifier::new(c)));
+        }
+        // SIGHUP reads the JWKS again at once: a file here, a URL by the
+        // refresh task.
+        if let Some(verifier) = &state.jwt {
+            if verifier.config().jwks_file.is_empty() {
+                verifier.fetch_soon();
+            } else {
+                let read = std::fs::read(&verifier.config().jwks_file)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| verifier.install(&text));
+                if let Err(e) = read {
+                    warn!(error = %e, "JWKS file not usable; keeping the keys in use");
+                }
+            }
+        }
         state.config = config.clone();
         state.dir_keys = dir_keys;
         state.refused = refused;
-        self.current
-            .store(Authenticator::with_dir_keys(&state.config, &state.dir_keys));
+        self.current.store(Authenticator::with_dir_keys(
+            &state.config,
+            &state.dir_keys,
+            state.jwt.clone(),
+        ));
     }
 
     /// Reads the keys directory again; swaps in a new authenticator when
@@ -159,7 +196,7 @@ impl Keyring {
             return false;
         }
         state.dir_keys = dir_keys;
-        let auth = Authenticator::with_dir_keys(&state.config, &state.dir_keys);
+        let auth = Authenticator::with_dir_keys(&state.config, &state.dir_keys, state.jwt.clone());
         info!(keys = auth.key_count(), dir = %dir, "API keys changed in the keys directory");
         self.current.store(auth);
         true

@@ -6,8 +6,8 @@ use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-/// Prefix of every key.
-const PREFIX: &str = "sa_";
+/// Prefix of every key (a JWT never starts with it).
+pub const PREFIX: &str = "sa_";
 /// Random bytes in a key's secret.
 pub const SECRET_BYTES: usize = 32;
 /// Length of the secret's base64url text (no padding).

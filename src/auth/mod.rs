@@ -2,6 +2,7 @@
 //! policy. Knows nothing of tonic: `api::auth` reads the request headers,
 //! calls [`Authenticator::authenticate`] and answers the errors.
 
+pub mod jwt;
 pub mod keyring;
 pub mod keys;
 pub mod policy;
@@ -181,12 +182,34 @@ pub enum AuthError {
         /// The roles that may call it (empty: nobody may).
         required: &'static [Role],
     },
+    /// A JWT signed by a key id the JWKS does not hold: answered as an
+    /// unknown credential, after one early refetch of the JWKS.
+    #[error("{}", unauthenticated_message(Cause::Unknown))]
+    UnknownSigningKey,
+    /// A token granting several tenants without `subagentd-tenant`
+    /// naming one of them, or naming one it does not grant.
+    #[error("{}; its tenants: {}", tenant_refusal(asked.as_deref()), granted.join(", "))]
+    TenantNotGranted {
+        /// The tenant the header named.
+        asked: Option<String>,
+        /// The tenants the token grants.
+        granted: Vec<String>,
+    },
     /// A worker hello named agent types its credential does not cover.
     #[error("this worker's credential may not serve the agent types {}", .types.join(", "))]
     AgentTypesDenied {
         /// The types it may not serve.
         types: Vec<String>,
     },
+}
+
+fn tenant_refusal(asked: Option<&str>) -> String {
+    match asked {
+        Some(t) => format!("this token grants no access to tenant {t:?} (header subagentd-tenant)"),
+        None => {
+            "this token grants several tenants: name one in the subagentd-tenant header".to_owned()
+        }
+    }
 }
 
 fn unauthenticated_message(cause: Cause) -> &'static str {
@@ -254,6 +277,9 @@ pub struct AuthConfig {
     /// Client-certificate principals, by SAN (needs `[server.tls]
     /// client_auth`).
     pub certs: Vec<CertConfig>,
+    /// `[auth.jwt]`: OIDC access tokens (absent: none accepted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<jwt::JwtConfig>,
 }
 
 /// Longest accepted tenant name, in bytes.
@@ -347,15 +373,19 @@ impl AuthConfig {
             }
             check_grant(&at, &cert.tenant, &cert.roles, cert.agent_types.as_deref())?;
         }
+        if let Some(jwt) = &self.jwt {
+            jwt.validate()?;
+        }
         if self.mode == AuthMode::Required
             && self.keys.is_empty()
             && self.keys_dir.is_empty()
             && self.certs.is_empty()
+            && self.jwt.is_none()
         {
             return Err(invalid(
                 "auth.mode",
                 "\"required\" needs a credential method: [auth.keys.KEY_ID] entries, \
-                 [auth] keys_dir or [[auth.certs]]",
+                 [auth] keys_dir, [[auth.certs]] or [auth.jwt]",
             ));
         }
         Ok(())
@@ -377,6 +407,8 @@ pub struct Authenticator {
     keys: BTreeMap<String, KeyEntry>,
     /// `[[auth.certs]]` by SAN.
     certs: BTreeMap<Arc<str>, Principal>,
+    /// `[auth.jwt]`'s verifier.
+    jwt: Option<Arc<jwt::JwtVerifier>>,
     /// Mode `"none"`'s principal, made once (not per call).
     anonymous: Principal,
 }
@@ -389,13 +421,21 @@ impl Authenticator {
     /// An authenticator for `config` (already validated) and no keys
     /// directory.
     pub fn new(config: &AuthConfig) -> Self {
-        Self::with_dir_keys(config, &BTreeMap::new())
+        let jwt = config
+            .jwt
+            .clone()
+            .map(|c| Arc::new(jwt::JwtVerifier::new(c)));
+        Self::with_dir_keys(config, &BTreeMap::new(), jwt)
     }
 
     /// An authenticator for `config` (already validated) and the valid
     /// entries read from its keys directory; `[auth.keys]` wins over a file
     /// of the same key id.
-    pub fn with_dir_keys(config: &AuthConfig, dir_keys: &BTreeMap<String, KeyConfig>) -> Self {
+    pub fn with_dir_keys(
+        config: &AuthConfig,
+        dir_keys: &BTreeMap<String, KeyConfig>,
+        jwt: Option<Arc<jwt::JwtVerifier>>,
+    ) -> Self {
         let keys = dir_keys
             .iter()
             .filter(|(id, _)| !config.keys.contains_key(*id))
@@ -428,8 +468,14 @@ impl Authenticator {
             mode: config.mode,
             keys,
             certs,
+            jwt,
             anonymous: Principal::anonymous(),
         }
+    }
+
+    /// `[auth.jwt]`'s verifier, if configured.
+    pub fn jwt(&self) -> Option<&Arc<jwt::JwtVerifier>> {
+        self.jwt.as_ref()
     }
 
     /// Whether calls need a credential.
@@ -460,7 +506,7 @@ impl Authenticator {
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, AuthError> {
         self.authenticate_call(Credential {
             authorization,
-            peer_sans: None,
+            ..Credential::default()
         })
     }
 
@@ -486,6 +532,16 @@ impl Authenticator {
             .ok()
             .and_then(bearer_token)
             .ok_or(AuthError::Unauthenticated(Cause::Malformed))?;
+        if !token.starts_with(keys::PREFIX) {
+            if let Some(verifier) = &self.jwt {
+                return verifier.verify(token, credential.tenant).map_err(
+                    |refusal| match refusal {
+                        jwt::Refusal::Auth(e) => e,
+                        jwt::Refusal::UnknownKey => AuthError::UnknownSigningKey,
+                    },
+                );
+            }
+        }
         let parsed = keys::parse(token).ok_or(AuthError::Unauthenticated(Cause::Malformed))?;
         let presented = keys::digest(parsed.whole);
         let entry = self.keys.get(parsed.key_id);
@@ -509,6 +565,8 @@ pub struct Credential<'a> {
     /// The SANs (URIs and DNS names) of the connection's verified client
     /// certificate; None without one.
     pub peer_sans: Option<&'a [Arc<str>]>,
+    /// The `subagentd-tenant` header: which of a JWT's tenants to act in.
+    pub tenant: Option<&'a [u8]>,
 }
 
 /// The token of `Bearer <token>` (the scheme is case-insensitive, RFC 9110).
@@ -542,6 +600,7 @@ mod tests {
             allow_unauthenticated: false,
             keys_dir: String::new(),
             certs: Vec::new(),
+            jwt: None,
             keys: BTreeMap::from([(
                 id,
                 KeyConfig {
