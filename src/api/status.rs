@@ -413,6 +413,17 @@ pub fn watch_lagged(missed: u64, resume_after: u64) -> Status {
     )
 }
 
+/// A message in a request stream that tonic could not decode is the
+/// client's fault: INVALID_ARGUMENT, not the INTERNAL tonic answers (which
+/// tells a client the server broke). Other statuses pass unchanged.
+pub fn undecodable_is_invalid(status: Status) -> Status {
+    if status.code() == Code::Internal && status.message().starts_with("failed to decode") {
+        Status::invalid_argument(status.message().to_owned())
+    } else {
+        status
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

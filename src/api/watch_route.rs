@@ -65,44 +65,53 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         if req.uri().path() != WATCH_PATH {
             let answer = self.generated.call(req);
-            return Box::pin(async move { answer.await.map(too_large_is_exhausted) });
+            return Box::pin(async move { answer.await.map(prescribed_codes) });
         }
         let method = WatchRoute(self.service.clone());
         let limit = self.max_message_bytes;
         Box::pin(async move {
             let mut grpc = Grpc::new(WireCodec).max_decoding_message_size(limit);
-            Ok(too_large_is_exhausted(
-                grpc.server_streaming(method, req).await,
-            ))
+            Ok(prescribed_codes(grpc.server_streaming(method, req).await))
         })
     }
 }
 
-/// A request over the message size limit is RESOURCE_EXHAUSTED (what the
-/// gRPC status codes prescribe), not the OUT_OF_RANGE tonic answers. A
-/// request is decoded before anything is sent, so the refusal is a
-/// trailers-only answer: its status is in the headers.
-fn too_large_is_exhausted(
+/// Rewrites the two refusals tonic makes while decoding a request into the
+/// codes the gRPC status definitions prescribe: a request over the message
+/// size limit is RESOURCE_EXHAUSTED (tonic: OUT_OF_RANGE), and one whose
+/// bytes are not a valid message is INVALID_ARGUMENT (tonic: INTERNAL,
+/// which tells a client the server broke). A request is decoded before
+/// anything is sent, so either refusal is a trailers-only answer: its
+/// status is in the headers.
+fn prescribed_codes(
     mut answer: http::Response<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
     let headers = answer.headers_mut();
-    let out_of_range = headers
-        .get("grpc-status")
-        .is_some_and(|s| s.as_bytes() == b"11");
-    let too_large = headers.get("grpc-message").is_some_and(|m| {
-        let m = m.as_bytes();
-        [
-            &b"message%20length%20too%20large"[..],
-            b"message length too large",
-        ]
-        .iter()
-        .any(|needle| m.windows(needle.len()).any(|w| w == *needle))
-    });
-    if out_of_range && too_large {
-        headers.insert(
-            "grpc-status",
-            http::HeaderValue::from_static("8"), // RESOURCE_EXHAUSTED
-        );
+    let status = headers.get("grpc-status").map(|s| s.as_bytes().to_vec());
+    let says = |needles: &[&[u8]]| {
+        headers.get("grpc-message").is_some_and(|m| {
+            let m = m.as_bytes();
+            needles
+                .iter()
+                .any(|needle| m.windows(needle.len()).any(|w| w == *needle))
+        })
+    };
+    let rewrite = match status.as_deref() {
+        Some(b"11")
+            if says(&[
+                b"message%20length%20too%20large",
+                b"message length too large",
+            ]) =>
+        {
+            Some("8") // RESOURCE_EXHAUSTED
+        }
+        Some(b"13") if says(&[b"failed%20to%20decode", b"failed to decode"]) => {
+            Some("3") // INVALID_ARGUMENT
+        }
+        _ => None,
+    };
+    if let Some(code) = rewrite {
+        headers.insert("grpc-status", http::HeaderValue::from_static(code));
     }
     answer
 }

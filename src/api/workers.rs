@@ -46,12 +46,16 @@ impl WorkerService for WorkerServiceImpl {
         let principal = super::auth::principal(&request);
         let revocation = super::auth::revocation(&request);
         let mut inbound = request.into_inner();
-        let first = inbound.message().await?.ok_or_else(|| {
-            Status::from(crate::scheduler::Error::invalid(
-                "hello",
-                "the stream ended before the worker's `hello`",
-            ))
-        })?;
+        let first = inbound
+            .message()
+            .await
+            .map_err(super::status::undecodable_is_invalid)?
+            .ok_or_else(|| {
+                Status::from(crate::scheduler::Error::invalid(
+                    "hello",
+                    "the stream ended before the worker's `hello`",
+                ))
+            })?;
         let (mut hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
         hello.tenant = principal.tenant.clone();
         let denied: Vec<String> = hello
@@ -131,6 +135,11 @@ impl Session {
                 }
                 Err(status) => {
                     warn!(worker_id = %self.worker_id, name = %self.name, %status, "worker session broke");
+                    let status = super::status::undecodable_is_invalid(status);
+                    if status.code() == tonic::Code::InvalidArgument {
+                        // The worker sent bytes that are no message: say so.
+                        *self.ended.lock() = Some(status);
+                    }
                     return;
                 }
             };
