@@ -30,6 +30,8 @@ pub struct ChildServer {
 struct Process {
     child: Child,
     lines: mpsc::UnboundedReceiver<String>,
+    /// Every line `log_line` read, for tests that scan the whole log.
+    seen: Vec<String>,
 }
 
 impl Process {
@@ -47,7 +49,11 @@ impl Process {
         // Read stderr to the end, so the process never blocks on a full pipe.
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(forward(child.stderr.take().unwrap(), tx));
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
@@ -62,10 +68,25 @@ impl Process {
             .unwrap()
     }
 
+    /// SIGTERM, the exit status, and every line the process wrote.
+    async fn stop_with_logs(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let status = tokio::time::timeout(CHILD_WAIT, self.child.wait())
+            .await
+            .expect("the process exits")
+            .unwrap();
+        // The forwarder ends at the end of stderr: every line is here then.
+        while let Some(line) = self.lines.recv().await {
+            self.seen.push(line);
+        }
+        (status, self.seen)
+    }
+
     async fn log_line(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
         tokio::time::timeout(CHILD_WAIT, async {
             loop {
                 let line = self.lines.recv().await.expect("the process runs");
+                self.seen.push(line.clone());
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
                     panic!("log line is not JSON: {line}");
                 };
@@ -250,6 +271,11 @@ impl ChildServer {
     pub async fn stop(self) -> std::process::ExitStatus {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         self.exit_status().await
+    }
+
+    /// SIGTERM, then the exit status and every log line it wrote.
+    pub async fn stop_with_logs(self) -> (std::process::ExitStatus, Vec<String>) {
+        self.process.stop_with_logs().await
     }
 
     /// JSON log lines until one passes `wanted` (every line must be JSON).

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod child;
 pub mod cli;
 pub mod openai;
+pub mod otlp;
 pub mod postgres;
 pub mod tls;
 pub mod worker;
