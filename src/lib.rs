@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod fuzzing;
 pub mod ha;
 pub mod pb;
 pub mod runner;

@@ -277,3 +277,71 @@ proptest! {
         });
     }
 }
+
+/// One message of each kind the fuzz targets take, from arbitrary field
+/// values, behind each selector byte: what a coverage-guided fuzzer finds
+/// from the seeds, reached here without one.
+fn encoded_messages(spawn: pb::SpawnRequest, id: String, text: String) -> Vec<Vec<u8>> {
+    use prost::Message;
+    let event = pb::RunEvent {
+        agent_id: id.clone(),
+        attempt: 1,
+        seq: 1,
+        event: Some(pb::run_event::Event::Output(text.clone())),
+    };
+    vec![
+        spawn.encode_to_vec(),
+        pb::StatusRequest {
+            ids: vec![id.clone()],
+            lead_id: text.clone(),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+        pb::CancelRequest {
+            id: id.clone(),
+            lead_id: text.clone(),
+            reason: text.clone(),
+        }
+        .encode_to_vec(),
+        pb::ConnectRequest {
+            message: Some(pb::connect_request::Message::Event(event)),
+        }
+        .encode_to_vec(),
+        pb::ConnectRequest {
+            message: Some(pb::connect_request::Message::Hello(pb::WorkerHello {
+                name: text.clone(),
+                agents: vec![text, id],
+                ..Default::default()
+            })),
+        }
+        .encode_to_vec(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    /// The cargo-fuzz targets' entry points (fuzz/, README "Fuzzing") on
+    /// random bytes and on encodings of random field values: none panics.
+    #[test]
+    fn the_fuzz_targets_take_any_input(
+        bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        selector in any::<u8>(),
+        spawn in spawn_request(),
+        id in text(),
+        text in text(),
+    ) {
+        subagentd::fuzzing::agent_request(&bytes);
+        subagentd::fuzzing::worker_message(&bytes);
+        subagentd::fuzzing::credential(&bytes);
+        for message in encoded_messages(spawn, id, text.clone()) {
+            let mut input = vec![selector];
+            input.extend_from_slice(&message);
+            subagentd::fuzzing::agent_request(&input);
+            subagentd::fuzzing::worker_message(&input);
+        }
+        let mut header = vec![selector];
+        header.extend_from_slice(format!("Bearer {text}").as_bytes());
+        subagentd::fuzzing::credential(&header);
+    }
+}
