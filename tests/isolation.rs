@@ -17,7 +17,7 @@ mod common;
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use common::{
-    auth::{key, open_worker_with, with_key, Key},
+    auth::{key, open_worker_as, with_key, Key},
     bg,
     child::ChildServer,
     error_info, fg,
@@ -521,10 +521,7 @@ impl World {
             capacity: 1,
             ..Default::default()
         };
-        let opened = match self.key_of(caller) {
-            Some(key) => open_worker_with(self.addr, key, hello).await,
-            None => unauthenticated_worker(self.addr, hello).await,
-        };
+        let opened = open_worker_as(self.addr, self.key_of(caller), hello).await;
         let (tx, stream) = match opened {
             Ok(session) => session,
             Err(status) => {
@@ -563,35 +560,6 @@ impl World {
             shape: "report ignored".into(),
         }
     }
-}
-
-/// A worker session without a credential: the server's answer.
-async fn unauthenticated_worker(
-    addr: SocketAddr,
-    hello: pb::WorkerHello,
-) -> Result<
-    (
-        tokio::sync::mpsc::UnboundedSender<pb::ConnectRequest>,
-        tonic::Streaming<pb::ConnectResponse>,
-    ),
-    tonic::Status,
-> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tx.send(pb::ConnectRequest {
-        message: Some(connect_request::Message::Hello(hello)),
-    })
-    .unwrap();
-    let mut stream = pb::worker_service_client::WorkerServiceClient::new(channel)
-        .connect(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    stream.message().await?;
-    Ok((tx, stream))
 }
 
 /// What a successful call on a target the caller sees answers.

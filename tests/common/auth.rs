@@ -78,6 +78,21 @@ pub async fn open_worker_with(
     ),
     tonic::Status,
 > {
+    open_worker_as(addr, Some(key), hello).await
+}
+
+/// [`open_worker_with`], with no credential at all when `key` is None.
+pub async fn open_worker_as(
+    addr: std::net::SocketAddr,
+    key: Option<&str>,
+    hello: pb::WorkerHello,
+) -> Result<
+    (
+        mpsc::UnboundedSender<pb::ConnectRequest>,
+        tonic::Streaming<pb::ConnectResponse>,
+    ),
+    tonic::Status,
+> {
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -88,8 +103,13 @@ pub async fn open_worker_with(
         message: Some(connect_request::Message::Hello(hello)),
     })
     .unwrap();
+    let messages = UnboundedReceiverStream::new(rx);
+    let request = match key {
+        Some(key) => with_key(messages, key),
+        None => Request::new(messages),
+    };
     let mut stream = WorkerServiceClient::new(channel)
-        .connect(with_key(UnboundedReceiverStream::new(rx), key))
+        .connect(request)
         .await?
         .into_inner();
     match stream.message().await? {
