@@ -4,7 +4,8 @@
 //! audience, unknown key id, wrong signature, `alg: none` and an HMAC token
 //! signed with the public key are refused with their cause; a token with
 //! several tenants needs `subagentd-tenant`; a new signing key is fetched
-//! early, at most once a minute.
+//! early, at most once a minute; an open stream ends when its token
+//! expires.
 
 mod common;
 
@@ -97,6 +98,12 @@ impl Idp {
 
     /// A server from a config file, so that a reload reads it again.
     async fn server(&self) -> TestServer {
+        self.server_with("").await
+    }
+
+    /// [`Idp::server`] with `extra` at the end of its config (in
+    /// `[auth.jwt]` until it opens a table of its own).
+    async fn server_with(&self, extra: &str) -> TestServer {
         TestServer::start_with_file(&format!(
             r#"
 [limits]
@@ -112,7 +119,7 @@ mode = "required"
 issuer = "{ISSUER}"
 audience = "{AUDIENCE}"
 jwks_file = {:?}
-"#,
+{extra}"#,
             self.jwks_path().display().to_string()
         ))
         .await
@@ -302,6 +309,89 @@ async fn a_token_with_several_tenants_names_one_in_the_header() {
 }
 
 #[tokio::test]
+async fn an_expiring_token_ends_its_open_watch_and_worker_session() {
+    let idp = Idp::new();
+    let s = idp
+        .server_with("leeway = \"0s\"\n\n[agents.coder]\nrunner = \"worker\"\n")
+        .await;
+    let exp = now() + 2;
+    let expiring = |permissions: &[&str]| {
+        let mut c = claims(permissions);
+        c["exp"] = exp.into();
+        idp.key.sign(&c)
+    };
+    let mut c = s.client.clone();
+    let mut watch = c
+        .watch_agents(with_token(
+            pb::WatchAgentsRequest::default(),
+            &expiring(&["team-a:viewer"]),
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut session =
+        common::auth::open_worker(s.handle.addr(), &expiring(&["team-a:worker"]), &["coder"])
+            .await
+            .unwrap();
+    // A token that outlives the test keeps its stream and sees a Spawn
+    // made after the others expired.
+    let lasting = idp.key.sign(&claims(&["team-a:frontend"]));
+    let mut kept = c
+        .watch_agents(with_token(
+            pb::WatchAgentsRequest::default(),
+            &lasting,
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let end_of = |status: Result<(), tonic::Status>| status.unwrap_err();
+    let watch_end = end_of(
+        async {
+            loop {
+                if watch.message().await?.is_none() {
+                    panic!("the watch ended without a status");
+                }
+            }
+        }
+        .await,
+    );
+    assert_eq!(cause(&watch_end), "expired", "{watch_end:?}");
+    assert!(now() > exp, "ended before the token expired");
+    let session_end = end_of(
+        async {
+            loop {
+                if session.message().await?.is_none() {
+                    panic!("the session ended without a status");
+                }
+            }
+        }
+        .await,
+    );
+    assert_eq!(cause(&session_end), "expired", "{session_end:?}");
+
+    let agent = c
+        .spawn(with_token(bg("openai/gpt-4o", "after"), &lasting, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    loop {
+        let event = kept
+            .message()
+            .await
+            .unwrap()
+            .expect("the lasting token's watch goes on");
+        if event.agent.is_some_and(|a| a.id == agent.id) {
+            break;
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_new_signing_key_is_fetched_early_at_most_once_a_minute() {
     let idp = Idp::new();
     let s = idp.server().await;
@@ -356,6 +446,10 @@ fn jwt_config_errors_name_the_key() {
         "[auth.jwt]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"f\"\njwks_url = \"https://x\"\n"
     )
     .contains("auth.jwt.jwks_file"));
+    assert!(check(
+        "[auth.jwt]\nissuer = \"i\"\naudience = \"a\"\njwks_file = \"f\"\nleeway = \"10m\"\n"
+    )
+    .contains("auth.jwt.leeway"));
 }
 
 #[tokio::test]

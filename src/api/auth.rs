@@ -115,7 +115,8 @@ impl<S> AuthService<S> {
         };
         let auth = self.auth.load();
         let principal = auth.check(credential, path)?;
-        let revocation = (long_lived && auth.required()).then(|| self.auth.follow(credential));
+        let revocation =
+            (long_lived && auth.required()).then(|| self.auth.follow(credential, &principal));
         let extensions = req.extensions_mut();
         if let Some(revocation) = revocation {
             extensions.insert(revocation);
@@ -232,8 +233,9 @@ pub fn revocation<T>(request: &tonic::Request<T>) -> Option<Revocation> {
     request.extensions().get::<Revocation>().cloned()
 }
 
-/// Resolves when `revocation`'s credential is revoked; never without one.
-pub async fn revoked(revocation: &mut Option<Revocation>) {
+/// Resolves, with the refusal, when `revocation`'s credential is no
+/// longer accepted; never without one.
+pub async fn revoked(revocation: &mut Option<Revocation>) -> AuthError {
     match revocation {
         Some(r) => r.revoked().await,
         None => std::future::pending().await,

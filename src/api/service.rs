@@ -291,12 +291,9 @@ impl WatchState {
                     biased;
                     r = self.live.recv() => r,
                     () = self.shutdown.cancelled() => continue,
-                    () = auth::revoked(&mut self.revocation) => {
+                    refusal = auth::revoked(&mut self.revocation) => {
                         self.done = true;
-                        let status = crate::auth::AuthError::Unauthenticated(
-                            crate::auth::Cause::Unknown,
-                        );
-                        return Some((Err(status.into()), self));
+                        return Some((Err(refusal.into()), self));
                     }
                 }
             };

@@ -119,10 +119,9 @@ impl Session {
             let message = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                () = super::auth::revoked(&mut self.revocation) => {
-                    warn!(worker_id = %self.worker_id, name = %self.name, "worker's key revoked: session ended");
-                    let revoked = crate::auth::AuthError::Unauthenticated(crate::auth::Cause::Unknown);
-                    *self.ended.lock() = Some(revoked.into());
+                refusal = super::auth::revoked(&mut self.revocation) => {
+                    warn!(worker_id = %self.worker_id, name = %self.name, %refusal, "worker's credential no longer accepted: session ended");
+                    *self.ended.lock() = Some(refusal.into());
                     return;
                 }
                 m = inbound.message() => m,

@@ -28,6 +28,11 @@ use crate::config::{invalid, ConfigError};
 pub const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(5 * 60);
 /// Default `[auth.jwt] permissions_claim` (Temporal's shape).
 pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
+/// Default `[auth.jwt] leeway` (jsonwebtoken's too).
+pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
+/// The largest `[auth.jwt] leeway`: clocks minutes apart are a fault to fix,
+/// not to tolerate.
+const MAX_LEEWAY: Duration = Duration::from_secs(5 * 60);
 /// The header that picks one of a token's tenants.
 pub const TENANT_HEADER: &str = "subagentd-tenant";
 /// An unknown key id fetches the JWKS early at most this often.
@@ -50,6 +55,10 @@ pub struct JwtConfig {
     pub jwks_refresh: Duration,
     /// The claim holding `"<tenant>:<role>"` grants. Default `permissions`.
     pub permissions_claim: String,
+    /// How far the issuer's clock may be from ours: a token is accepted
+    /// until `exp` + leeway (and from `nbf` - leeway). Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub leeway: Duration,
 }
 
 impl Default for JwtConfig {
@@ -61,6 +70,7 @@ impl Default for JwtConfig {
             jwks_url: String::new(),
             jwks_refresh: DEFAULT_JWKS_REFRESH,
             permissions_claim: DEFAULT_PERMISSIONS_CLAIM.to_owned(),
+            leeway: DEFAULT_LEEWAY,
         }
     }
 }
@@ -95,6 +105,9 @@ impl JwtConfig {
         }
         if self.permissions_claim.is_empty() {
             return Err(invalid("auth.jwt.permissions_claim", "must name a claim"));
+        }
+        if self.leeway > MAX_LEEWAY {
+            return Err(invalid("auth.jwt.leeway", "must be ≤ 5m"));
         }
         Ok(())
     }
@@ -155,6 +168,10 @@ pub struct JwtVerifier {
 struct Claims {
     #[serde(default)]
     sub: String,
+    /// Seconds since the epoch. Required by the validation, which then
+    /// answers a token without it (`invalid`), not the decoding.
+    #[serde(default)]
+    exp: u64,
     #[serde(flatten)]
     rest: BTreeMap<String, serde_json::Value>,
 }
@@ -294,6 +311,7 @@ impl JwtVerifier {
         validation.set_issuer(&[&self.config.issuer]);
         validation.set_audience(&[&self.config.audience]);
         validation.validate_nbf = true;
+        validation.leeway = self.config.leeway.as_secs();
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let claims = jsonwebtoken::decode::<Claims>(token, &key.key, &validation)
             .map_err(|e| {
@@ -317,7 +335,20 @@ impl JwtVerifier {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        principal_of(&claims.sub, &grants, tenant_header).map_err(Refusal::Auth)
+        let mut principal =
+            principal_of(&claims.sub, &grants, tenant_header).map_err(Refusal::Auth)?;
+        // The validation refuses the token once the whole second after
+        // `exp` + leeway has begun.
+        principal.expires = Some(
+            std::time::UNIX_EPOCH
+                + Duration::from_secs(
+                    claims
+                        .exp
+                        .saturating_add(validation.leeway)
+                        .saturating_add(1),
+                ),
+        );
+        Ok(principal)
     }
 }
 
@@ -433,6 +464,7 @@ fn principal_of(
         roles,
         name: format!("jwt:{sub}").into(),
         agent_types: None,
+        expires: None,
     })
 }
 

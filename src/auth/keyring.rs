@@ -2,13 +2,20 @@
 //! keys_dir`, rebuilt into a fresh [`Authenticator`] whenever either
 //! changes and swapped in whole, so a call sees one consistent set.
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
-use super::{jwt::JwtVerifier, AuthConfig, Authenticator, Credential, KeyConfig};
+use super::{
+    jwt::JwtVerifier, AuthConfig, AuthError, Authenticator, Credential, KeyConfig, Principal,
+};
 
 /// How often the keys directory is read again: twice within the 10 s in
 /// which a changed Secret must take effect.
@@ -44,15 +51,17 @@ impl SharedAuthenticator {
         self.0.changes.send_modify(|n| *n += 1);
     }
 
-    /// Follows the credential `authorization` (the call's header) through
-    /// later changes, for a stream that must end when it is revoked.
-    pub fn follow(&self, credential: Credential<'_>) -> Revocation {
+    /// Follows `credential` (a call's, accepted as `principal`) through
+    /// later changes and to its expiry, for a stream that must end when
+    /// the credential is no longer accepted.
+    pub fn follow(&self, credential: Credential<'_>, principal: &Principal) -> Revocation {
         Revocation {
             auth: self.clone(),
             authorization: credential.authorization.map(Box::from),
             peer_sans: credential.peer_sans.map(Arc::from),
             tenant: credential.tenant.map(Box::from),
             changes: self.0.changes.subscribe(),
+            expires: principal.expires,
         }
     }
 }
@@ -66,28 +75,43 @@ pub struct Revocation {
     peer_sans: Option<Arc<[Arc<str>]>>,
     tenant: Option<Box<[u8]>>,
     changes: tokio::sync::watch::Receiver<u64>,
+    /// When to check again without a change: the credential's expiry.
+    expires: Option<SystemTime>,
 }
 
 impl Revocation {
-    /// Resolves once the keys changed so that the credential is no longer
-    /// accepted (its key removed or changed); never, while it still is.
-    pub async fn revoked(&mut self) {
+    /// Resolves, with the refusal a new call would get, once the
+    /// credential is no longer accepted: its key removed or changed, or
+    /// (a JWT) its expiry passed. Never, while it still is.
+    pub async fn revoked(&mut self) -> AuthError {
         loop {
-            if self.changes.changed().await.is_err() {
-                // The keyring is gone (the server is stopping).
-                return std::future::pending().await;
+            let expiry = async {
+                match self.expires {
+                    Some(at) => {
+                        let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+                        tokio::time::sleep(left).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = self.changes.changed() => {
+                    if changed.is_err() {
+                        // The keyring is gone (the server is stopping).
+                        return std::future::pending().await;
+                    }
+                }
+                () = expiry => {}
             }
-            if self
-                .auth
-                .load()
-                .authenticate_call(Credential {
-                    authorization: self.authorization.as_deref(),
-                    peer_sans: self.peer_sans.as_deref(),
-                    tenant: self.tenant.as_deref(),
-                })
-                .is_err()
-            {
-                return;
+            match self.auth.load().authenticate_call(Credential {
+                authorization: self.authorization.as_deref(),
+                peer_sans: self.peer_sans.as_deref(),
+                tenant: self.tenant.as_deref(),
+            }) {
+                Err(refusal) => return refusal,
+                // Still accepted (a token refreshed under the same keys
+                // keeps its own expiry; the wall clock may have stepped).
+                Ok(principal) => self.expires = principal.expires,
             }
         }
     }

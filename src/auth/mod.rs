@@ -116,6 +116,9 @@ pub struct Principal {
     pub name: Arc<str>,
     /// For workers: the agent types it may serve (None = every type).
     pub agent_types: Option<Arc<[String]>>,
+    /// When the credential stops being accepted (a JWT's `exp` plus the
+    /// leeway); None for what only a config change revokes.
+    pub expires: Option<std::time::SystemTime>,
 }
 
 impl Principal {
@@ -126,6 +129,7 @@ impl Principal {
             roles: Roles::all(),
             name: "anonymous".into(),
             agent_types: None,
+            expires: None,
         }
     }
 
@@ -447,6 +451,7 @@ impl Authenticator {
                     roles: key.roles.iter().copied().collect(),
                     name: format!("key:{id}").into(),
                     agent_types: key.agent_types.clone().map(Into::into),
+                    expires: None,
                 };
                 Some((id.clone(), KeyEntry { digest, principal }))
             })
@@ -460,6 +465,7 @@ impl Authenticator {
                     roles: c.roles.iter().copied().collect(),
                     name: format!("cert:{}", c.san).into(),
                     agent_types: c.agent_types.clone().map(Into::into),
+                    expires: None,
                 };
                 (Arc::from(c.san.as_str()), principal)
             })
