@@ -118,7 +118,12 @@ fn authenticator() -> &'static Authenticator {
         verifier
             .install(FUZZ_JWKS.as_bytes())
             .expect("the fuzz JWKS is valid");
-        Authenticator::with_dir_keys(&config, &Default::default(), Some(Arc::new(verifier)))
+        Authenticator::with_dir_keys(
+            &config,
+            &Default::default(),
+            Some(Arc::new(verifier)),
+            Arc::default(),
+        )
     })
 }
 

@@ -263,6 +263,9 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ))),
     );
     scheduler.set_span_sink(telemetry::run_span_sink());
+    scheduler.set_run_credentials(Arc::new(crate::auth::run_tokens::RunTokenIssuer(
+        keyring.shared(),
+    )));
     let shutdown = CancellationToken::new();
     let metrics = std::sync::Arc::new(Metrics::new(scheduler.clone()));
     let mut tasks = Vec::new();

@@ -525,3 +525,146 @@ async fn a_revoked_key_ends_its_open_watch_and_worker_session() {
     };
     assert_eq!(lost.error.unwrap().code, "WORKER_LOST");
 }
+
+#[tokio::test]
+async fn a_command_run_calls_back_with_a_credential_that_ends_with_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let script = dir.path().join("spawner.sh");
+    // Keeps the token where the test can try it after the run, then
+    // spawns a child with nothing but its environment, then waits for a
+    // steer.
+    std::fs::write(
+        &script,
+        r#"printf '%s' "$SUBAGENTD_TOKEN" > "$TOKEN_FILE.tmp" && mv "$TOKEN_FILE.tmp" "$TOKEN_FILE" || exit 1
+out=$("$SUBAGENTD_CLI" spawn --json --background --agent simulated --model acme/m1 --prompt hi --parent-id "$SUBAGENTD_AGENT_ID") || exit 1
+printf 'child=%s\n' "$(printf '%s' "$out" | sed -n 's/.*"id":"\([^"]*\)".*/\1/p')"
+read -r line
+printf '%s\n' "$line"
+"#,
+    )
+    .unwrap();
+    let front = key("front", "team-a", &["frontend"], None);
+    let toml = config(
+        &[("front", &front)],
+        &format!(
+            r#"
+[agents.spawner]
+runner = "command"
+command = ["sh", {script:?}, "{{prompt}}"]
+prompt = "arg"
+steer = "stdin"
+env = {{ SUBAGENTD_CLI = {cli:?}, TOKEN_FILE = {token:?} }}
+"#,
+            script = script.display().to_string(),
+            cli = env!("CARGO_BIN_EXE_subagentd"),
+            token = token_file.display().to_string(),
+        ),
+    );
+    let s = TestServer::start_with_file(&toml).await;
+    let mut c = s.client.clone();
+    let run = c
+        .spawn(with_key(
+            pb::SpawnRequest {
+                agent: "spawner".into(),
+                ..bg("acme/m1", "go")
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let mut tree = c
+        .watch_agents(with_key(
+            pb::WatchAgentsRequest {
+                root_id: run.id.clone(),
+                include_snapshot: true,
+                ..Default::default()
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // The program spawned its child: the token file was written before.
+    let child = loop {
+        let event = tree.message().await.unwrap().expect("the watch goes on");
+        if let Some(a) = event.agent.filter(|a| a.parent_id == run.id) {
+            break a;
+        }
+    };
+    assert_eq!(child.tenant, "team-a", "the run's tenant");
+    assert_eq!(child.root_id, run.id);
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(
+        token.starts_with("sar_"),
+        "a run token, not a copy of a key"
+    );
+    assert!(!token.contains(&front.key));
+
+    // While the run lives, its token reads its tenant and holds a stream.
+    let seen = c
+        .status(with_key(
+            pb::StatusRequest {
+                ids: vec![child.id.clone()],
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .expect("the run's token acts as a frontend of its tenant")
+        .into_inner();
+    assert_eq!(seen.agents.len(), 1);
+    let mut held = c
+        .watch_agents(with_key(
+            pb::WatchAgentsRequest {
+                ids: vec![run.id.clone()],
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+
+    c.steer(with_key(
+        pb::SteerRequest {
+            id: run.id.clone(),
+            message: "finish".into(),
+        },
+        &front.key,
+    ))
+    .await
+    .unwrap();
+    let ended = loop {
+        match held.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_unauthenticated(&ended, "unknown");
+    let done = c
+        .status(with_key(
+            pb::StatusRequest {
+                ids: vec![run.id.clone()],
+                ..Default::default()
+            },
+            &front.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .remove(0);
+    assert_eq!(done.status(), pb::AgentStatus::Done, "{done:?}");
+    assert_eq!(done.result, format!("child={}\nfinish\n", child.id));
+    // Once the run has ended its token is refused like one never issued.
+    let refused = c
+        .status(with_key(pb::StatusRequest::default(), &token))
+        .await
+        .unwrap_err();
+    assert_unauthenticated(&refused, "unknown");
+}

@@ -11,6 +11,7 @@ use std::{
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{
@@ -62,6 +63,11 @@ impl SharedAuthenticator {
             tenant: credential.tenant.map(Box::from),
             changes: self.0.changes.subscribe(),
             expires: principal.expires,
+            run_ended: credential
+                .authorization
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(super::bearer_token)
+                .and_then(|token| self.load().run_tokens().ended(token)),
         }
     }
 }
@@ -77,6 +83,8 @@ pub struct Revocation {
     changes: tokio::sync::watch::Receiver<u64>,
     /// When to check again without a change: the credential's expiry.
     expires: Option<SystemTime>,
+    /// A run token's: cancelled when its run ends.
+    run_ended: Option<CancellationToken>,
 }
 
 impl Revocation {
@@ -94,7 +102,14 @@ impl Revocation {
                     None => std::future::pending().await,
                 }
             };
+            let run_ended = async {
+                match &self.run_ended {
+                    Some(ended) => ended.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = run_ended => {}
                 changed = self.changes.changed() => {
                     if changed.is_err() {
                         // The keyring is gone (the server is stopping).
@@ -143,8 +158,12 @@ impl Keyring {
         let (dir_keys, refused) = read_dir(&config.keys_dir);
         log_refused(&BTreeMap::new(), &refused);
         let jwt = config.jwt.clone().map(|c| Arc::new(JwtVerifier::new(c)));
-        let current =
-            SharedAuthenticator::new(Authenticator::with_dir_keys(config, &dir_keys, jwt.clone()));
+        let current = SharedAuthenticator::new(Authenticator::with_dir_keys(
+            config,
+            &dir_keys,
+            jwt.clone(),
+            Arc::default(),
+        ));
         Self {
             state: Mutex::new(State {
                 config: config.clone(),
@@ -198,6 +217,7 @@ impl Keyring {
             &state.config,
             &state.dir_keys,
             state.jwt.clone(),
+            self.current.load().run_tokens().clone(),
         ));
     }
 
@@ -220,7 +240,12 @@ impl Keyring {
             return false;
         }
         state.dir_keys = dir_keys;
-        let auth = Authenticator::with_dir_keys(&state.config, &state.dir_keys, state.jwt.clone());
+        let auth = Authenticator::with_dir_keys(
+            &state.config,
+            &state.dir_keys,
+            state.jwt.clone(),
+            self.current.load().run_tokens().clone(),
+        );
         info!(keys = auth.key_count(), dir = %dir, "API keys changed in the keys directory");
         self.current.store(auth);
         true

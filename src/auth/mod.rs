@@ -6,6 +6,7 @@ pub mod jwt;
 pub mod keyring;
 pub mod keys;
 pub mod policy;
+pub mod run_tokens;
 
 pub use self::keyring::{Keyring, Revocation, SharedAuthenticator};
 
@@ -415,6 +416,9 @@ pub struct Authenticator {
     jwt: Option<Arc<jwt::JwtVerifier>>,
     /// Mode `"none"`'s principal, made once (not per call).
     anonymous: Principal,
+    /// The live runs' tokens: the same set in every authenticator a
+    /// keyring builds.
+    run_tokens: Arc<run_tokens::RunTokens>,
 }
 
 /// Compared against when a key id is unknown, so that an unknown id costs
@@ -429,7 +433,7 @@ impl Authenticator {
             .jwt
             .clone()
             .map(|c| Arc::new(jwt::JwtVerifier::new(c)));
-        Self::with_dir_keys(config, &BTreeMap::new(), jwt)
+        Self::with_dir_keys(config, &BTreeMap::new(), jwt, Arc::default())
     }
 
     /// An authenticator for `config` (already validated) and the valid
@@ -439,6 +443,7 @@ impl Authenticator {
         config: &AuthConfig,
         dir_keys: &BTreeMap<String, KeyConfig>,
         jwt: Option<Arc<jwt::JwtVerifier>>,
+        run_tokens: Arc<run_tokens::RunTokens>,
     ) -> Self {
         let keys = dir_keys
             .iter()
@@ -476,7 +481,13 @@ impl Authenticator {
             certs,
             jwt,
             anonymous: Principal::anonymous(),
+            run_tokens,
         }
+    }
+
+    /// The live runs' tokens.
+    pub fn run_tokens(&self) -> &Arc<run_tokens::RunTokens> {
+        &self.run_tokens
     }
 
     /// `[auth.jwt]`'s verifier, if configured.
@@ -538,6 +549,9 @@ impl Authenticator {
             .ok()
             .and_then(bearer_token)
             .ok_or(AuthError::Unauthenticated(Cause::Malformed))?;
+        if token.starts_with(run_tokens::PREFIX) {
+            return self.run_tokens.authenticate(token);
+        }
         if !token.starts_with(keys::PREFIX) {
             if let Some(verifier) = &self.jwt {
                 return verifier.verify(token, credential.tenant).map_err(

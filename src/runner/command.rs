@@ -445,6 +445,11 @@ fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command 
         None => cmd.env_remove("SUBAGENTD_ADDR"),
     };
     cmd.env("TRACEPARENT", &*run.traceparent);
+    // The run's own credential; without one the inherited environment
+    // (and the type's `env`) stand.
+    if let Some(token) = &run.credential {
+        cmd.env("SUBAGENTD_TOKEN", &**token);
+    }
     let needs_stdin =
         cfg.prompt_input() == PromptInput::Stdin || cfg.steer == Some(SteerInput::Stdin);
     cmd.stdin(if needs_stdin {

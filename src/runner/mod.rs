@@ -42,6 +42,9 @@ pub struct Run {
     /// W3C trace context of the run (its span, or the context it
     /// inherited when spans are not recorded); always set.
     pub traceparent: Arc<str>,
+    /// The run's own credential (`SUBAGENTD_TOKEN` for a program), valid
+    /// while the run lives; None when calls need none.
+    pub credential: Option<Arc<str>>,
 }
 
 /// The built-in runners, by kind (the server's in-process ones, and what

@@ -63,6 +63,8 @@ struct Shared {
     /// Set when a store keeps the core's changes: answers, watch events and
     /// run starts then wait until what they depend on is durable.
     durability: std::sync::OnceLock<Durability>,
+    /// Set when calls need a credential: each in-process run gets one.
+    run_credentials: std::sync::OnceLock<Arc<dyn RunCredentials>>,
 }
 
 /// The core as the store's writer sees it.
@@ -106,6 +108,7 @@ impl Scheduler {
                 core: Mutex::new(core),
                 runners,
                 durability: std::sync::OnceLock::new(),
+                run_credentials: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -288,6 +291,12 @@ impl Scheduler {
         self.shared.core.lock().set_span_sink(sink);
     }
 
+    /// Gives every in-process run started from now on a credential from
+    /// `issuer` (`Run::credential`); a second call changes nothing.
+    pub fn set_run_credentials(&self, issuer: Arc<dyn RunCredentials>) {
+        let _ = self.shared.run_credentials.set(issuer);
+    }
+
     /// Reads the core without starting anything.
     pub fn inspect<R>(&self, f: impl FnOnce(&Core) -> R) -> R {
         f(&self.shared.core.lock())
@@ -330,6 +339,13 @@ impl Scheduler {
         };
         let timeout = start.timeout;
         let (progress, stale_timeout) = (start.progress.clone(), start.stale_timeout);
+        // Lives as long as this task, which outlives the run: the token is
+        // revoked on every way the run ends.
+        let credential = self
+            .shared
+            .run_credentials
+            .get()
+            .and_then(|issuer| issuer.issue(&start.agent.tenant, id));
         let run = Run {
             agent: start.agent,
             prompt: start.prompt,
@@ -341,6 +357,7 @@ impl Scheduler {
             },
             agent_type,
             traceparent: start.traceparent,
+            credential: credential.as_ref().map(|c| c.token().clone()),
         };
         let outcome = tokio::select! {
             biased;

@@ -328,3 +328,39 @@ pub struct WatchQuery {
     /// Also receive progress events (output, tool calls).
     pub include_progress: bool,
 }
+
+/// Issues each in-process run a credential of its own, for what the run
+/// starts to call the API back with (see `crate::auth::run_tokens`).
+pub trait RunCredentials: Send + Sync + std::fmt::Debug {
+    /// A credential acting in `tenant` for the run of `agent`, valid
+    /// until it is dropped; None when none can be made.
+    fn issue(&self, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential>;
+}
+
+/// A run's credential: its token, valid while this value lives.
+pub struct RunCredential {
+    token: Arc<str>,
+    /// Revokes the token when dropped.
+    _revoke: Box<dyn Send + Sync>,
+}
+
+impl RunCredential {
+    /// `token`, revoked when `revoke` is dropped.
+    pub fn new(token: Arc<str>, revoke: Box<dyn Send + Sync>) -> Self {
+        Self {
+            token,
+            _revoke: revoke,
+        }
+    }
+
+    /// The token (a secret: never log it).
+    pub fn token(&self) -> &Arc<str> {
+        &self.token
+    }
+}
+
+impl std::fmt::Debug for RunCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunCredential(..)")
+    }
+}

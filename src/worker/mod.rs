@@ -114,7 +114,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     let token = crate::api::auth::bearer_header(args.token.as_deref())?;
-    let worker = Worker::new(config, url, token);
+    let worker = Worker::new(config, url, token, args.token.as_deref().map(Arc::from));
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
     let mut signals = StopSignals::new()?;
@@ -164,6 +164,9 @@ fn server_url(server: &str) -> String {
 struct Worker {
     /// `authorization` header value of every session.
     token: Option<tonic::metadata::AsciiMetadataValue>,
+    /// The worker's own key, passed on to its programs (`SUBAGENTD_TOKEN`)
+    /// so they can spawn children: the worker then also holds `frontend`.
+    program_token: Option<Arc<str>>,
     name: String,
     capacity: u32,
     labels: HashMap<String, String>,
@@ -209,9 +212,11 @@ impl Worker {
         config: WorkerConfig,
         api_url: String,
         token: Option<tonic::metadata::AsciiMetadataValue>,
+        program_token: Option<Arc<str>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             token,
+            program_token,
             name: config.name(),
             capacity: config.worker.capacity,
             labels: config.worker.labels.clone().into_iter().collect(),
@@ -493,6 +498,7 @@ impl Worker {
             cancel: cancel.clone(),
             agent_type,
             traceparent: assignment.traceparent.into(),
+            credential: self.program_token.clone(),
         };
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
