@@ -1083,7 +1083,10 @@ mod tests {
             .await_agents(
                 &crate::scheduler::Scope::All,
                 &[first.id],
-                Some(Duration::from_secs(10)),
+                // No deadline: the writer commits on its own thread, which
+                // the paused clock does not see, so it would auto-advance
+                // past any timeout while the commit is still in flight.
+                None,
                 AwaitMode::All,
             )
             .await
