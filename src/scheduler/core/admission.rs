@@ -199,14 +199,15 @@ impl Core {
                 .insert(id);
         }
         self.agents.insert(id, Box::new(record));
-        self.order.insert(seq, id);
         let rec = &self.agents[&id];
+        self.order.insert(&rec.view.tenant, seq, id);
         if let Some(lead) = &rec.view.lead_id {
             self.by_lead
                 .insert((rec.view.tenant.clone(), lead.clone(), seq), id);
         }
         self.by_root.insert((rec.view.root_id, seq), id);
-        self.by_status.moved(seq, id, None, AgentStatus::Queued);
+        self.by_status
+            .moved(&rec.view.tenant, seq, id, None, AgentStatus::Queued);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
         self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
         self.stats.spawned(&self.agents[&id].view.tenant, &bucket);

@@ -27,6 +27,7 @@ impl Core {
             trees: self.tree_live.iter().map(|(k, v)| (*k, *v)).collect(),
             queued: self.queue.len(),
             live_by_status: self.by_status.entries(),
+            retained: self.order.entries().collect(),
         }
     }
 
@@ -53,9 +54,15 @@ impl Core {
             if rec.view.status == AgentStatus::Queued {
                 c.queued += 1;
             }
+            let tenant = rec.view.tenant.to_string();
             if !rec.view.status.is_terminal() {
-                c.live_by_status.insert((rec.view.status.name(), rec.seq));
+                let status = rec.view.status.name();
+                c.live_by_status.insert((status, None, rec.seq));
+                c.live_by_status
+                    .insert((status, Some(tenant.clone()), rec.seq));
             }
+            c.retained.insert((None, rec.seq));
+            c.retained.insert((Some(tenant), rec.seq));
         }
         c
     }

@@ -75,7 +75,8 @@ impl Core {
             self.queue.push(rec.seq, id, key);
         }
         rec.view.status = to;
-        self.by_status.moved(rec.seq, id, Some(from), to);
+        self.by_status
+            .moved(&rec.view.tenant, rec.seq, id, Some(from), to);
         self.stats
             .moved(&rec.view.tenant, &rec.view.bucket, from, to);
         if to != AgentStatus::AwaitingApproval {

@@ -49,7 +49,7 @@ use super::{
 };
 use foldhash::{HashMap, HashSet};
 
-use self::reads::LiveByStatus;
+use self::reads::{LiveByStatus, SeqIndex};
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
 
@@ -298,9 +298,12 @@ pub struct Counters {
     pub trees: BTreeMap<AgentId, u32>,
     /// Queued agents.
     pub queued: usize,
-    /// (state, admission sequence) of every live agent, as the status
-    /// index holds them.
-    pub live_by_status: BTreeSet<(&'static str, u64)>,
+    /// (state, tenant, admission sequence) of every live agent, as the
+    /// status index holds them; the tenant is None in the index over
+    /// every tenant.
+    pub live_by_status: BTreeSet<(&'static str, Option<String>, u64)>,
+    /// (tenant, admission sequence) of every retained agent, likewise.
+    pub retained: BTreeSet<(Option<String>, u64)>,
 }
 
 /// See the module docs.
@@ -314,8 +317,9 @@ pub struct Core {
     /// buckets as entries, which for ~450-byte records doubled the memory of
     /// retained agents.
     agents: HashMap<AgentId, Box<Record>>,
-    /// Admission sequence → agent, for listing in creation order.
-    order: BTreeMap<u64, AgentId>,
+    /// Every retained agent by admission sequence (and per tenant), for
+    /// listing in creation order.
+    order: SeqIndex,
     next_seq: u64,
     queue: AdmissionQueue,
     live_background: u32,
@@ -392,7 +396,7 @@ impl Core {
             runs,
             agent_types: shared_types(agent_types),
             agents: HashMap::default(),
-            order: BTreeMap::new(),
+            order: SeqIndex::default(),
             next_seq: 1,
             queue: AdmissionQueue::default(),
             live_background: 0,

@@ -166,13 +166,16 @@ impl Core {
                     .map(|(&(_, _, seq), id)| (seq, id))
                     .filter_map(record),
             )
-        } else if let Some(live) = self.by_status.ranges(&filter.statuses, after_seq) {
+        } else if let Some(live) =
+            self.by_status
+                .ranges(&filter.statuses, after_seq, filter.tenant.as_ref())
+        {
             Box::new(live.filter_map(record))
         } else {
             Box::new(
                 self.order
-                    .range(after_seq..)
-                    .filter_map(move |(&seq, id)| record((seq, id))),
+                    .range(filter.tenant.as_ref(), after_seq)
+                    .filter_map(record),
             )
         };
         candidates.filter(move |(_, rec)| filter.matches(&rec.view))
@@ -281,18 +284,84 @@ impl Core {
     }
 }
 
+/// Agents in admission order, over every tenant and per tenant, so a
+/// tenant's listing reads only its own agents (an admin's, every one).
+#[derive(Debug, Default)]
+pub(super) struct SeqIndex {
+    all: BTreeMap<u64, AgentId>,
+    by_tenant: BTreeMap<(Arc<str>, u64), AgentId>,
+}
+
+impl SeqIndex {
+    pub(super) fn insert(&mut self, tenant: &Arc<str>, seq: u64, id: AgentId) {
+        self.all.insert(seq, id);
+        self.by_tenant.insert((tenant.clone(), seq), id);
+    }
+
+    pub(super) fn remove(&mut self, tenant: &Arc<str>, seq: u64) {
+        self.all.remove(&seq);
+        self.by_tenant.remove(&(tenant.clone(), seq));
+    }
+
+    pub(super) fn contains(&self, seq: u64) -> bool {
+        self.all.contains_key(&seq)
+    }
+
+    /// Every agent held, oldest first.
+    pub(super) fn ids(&self) -> impl Iterator<Item = &AgentId> {
+        self.all.values()
+    }
+
+    /// The agents from admission sequence `from` on, oldest first: of
+    /// `tenant`, or of every tenant when None.
+    pub(super) fn range<'a>(
+        &'a self,
+        tenant: Option<&Arc<str>>,
+        from: u64,
+    ) -> Box<dyn Iterator<Item = (u64, &'a AgentId)> + 'a> {
+        match tenant {
+            Some(t) => Box::new(
+                self.by_tenant
+                    .range((t.clone(), from)..=(t.clone(), u64::MAX))
+                    .map(|((_, seq), id)| (*seq, id)),
+            ),
+            None => Box::new(self.all.range(from..).map(|(&seq, id)| (seq, id))),
+        }
+    }
+
+    /// (tenant, sequence) of every entry of the per-tenant half and (None,
+    /// sequence) of the other, for [`Core::counters`].
+    pub(super) fn entries(&self) -> impl Iterator<Item = (Option<String>, u64)> + '_ {
+        self.all.keys().map(|seq| (None, *seq)).chain(
+            self.by_tenant
+                .keys()
+                .map(|(t, seq)| (Some(t.to_string()), *seq)),
+        )
+    }
+}
+
 /// Live agents by state (QUEUED, RUNNING, AWAITING_APPROVAL), each in
-/// admission order. Terminal states are not indexed: retained finished
-/// agents far outnumber live ones and would cost an entry each.
+/// admission order, over every tenant and per tenant. Terminal states are
+/// not indexed: retained finished agents far outnumber live ones and
+/// would cost an entry each.
 #[derive(Debug, Default)]
 pub(super) struct LiveByStatus {
-    queued: BTreeMap<u64, AgentId>,
-    running: BTreeMap<u64, AgentId>,
-    awaiting_approval: BTreeMap<u64, AgentId>,
+    queued: SeqIndex,
+    running: SeqIndex,
+    awaiting_approval: SeqIndex,
 }
 
 impl LiveByStatus {
-    fn of(&mut self, status: AgentStatus) -> Option<&mut BTreeMap<u64, AgentId>> {
+    fn of(&self, status: AgentStatus) -> Option<&SeqIndex> {
+        match status {
+            AgentStatus::Queued => Some(&self.queued),
+            AgentStatus::Running => Some(&self.running),
+            AgentStatus::AwaitingApproval => Some(&self.awaiting_approval),
+            AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => None,
+        }
+    }
+
+    fn of_mut(&mut self, status: AgentStatus) -> Option<&mut SeqIndex> {
         match status {
             AgentStatus::Queued => Some(&mut self.queued),
             AgentStatus::Running => Some(&mut self.running),
@@ -301,49 +370,47 @@ impl LiveByStatus {
         }
     }
 
-    /// Moves agent `id` (admission sequence `seq`) from `from` (None: new)
-    /// to `to`.
+    /// Moves agent `id` of `tenant` (admission sequence `seq`) from `from`
+    /// (None: new) to `to`.
     pub(super) fn moved(
         &mut self,
+        tenant: &Arc<str>,
         seq: u64,
         id: AgentId,
         from: Option<AgentStatus>,
         to: AgentStatus,
     ) {
-        if let Some(map) = from.and_then(|f| self.of(f)) {
-            map.remove(&seq);
+        if let Some(index) = from.and_then(|f| self.of_mut(f)) {
+            index.remove(tenant, seq);
         }
-        if let Some(map) = self.of(to) {
-            map.insert(seq, id);
+        if let Some(index) = self.of_mut(to) {
+            index.insert(tenant, seq, id);
         }
     }
 
     /// The agents in any of `statuses` from admission sequence `from` on,
-    /// oldest first, when every one of them is a live state (None when the
-    /// index cannot answer: no statuses, or a terminal one among them).
+    /// oldest first, of `tenant` (None: every tenant), when every one of
+    /// them is a live state (None when the index cannot answer: no
+    /// statuses, or a terminal one among them).
     fn ranges<'a>(
         &'a self,
         statuses: &[AgentStatus],
         from: u64,
+        tenant: Option<&Arc<str>>,
     ) -> Option<impl Iterator<Item = (u64, &'a AgentId)> + 'a> {
         if statuses.is_empty() {
             return None;
         }
-        let mut maps: Vec<&BTreeMap<u64, AgentId>> = Vec::with_capacity(3);
+        let mut indexes: Vec<&SeqIndex> = Vec::with_capacity(3);
         for status in statuses {
-            let map = match status {
-                AgentStatus::Queued => &self.queued,
-                AgentStatus::Running => &self.running,
-                AgentStatus::AwaitingApproval => &self.awaiting_approval,
-                AgentStatus::Done | AgentStatus::Failed | AgentStatus::Cancelled => return None,
-            };
-            if !maps.iter().any(|m| std::ptr::eq(*m, map)) {
-                maps.push(map);
+            let index = self.of(*status)?;
+            if !indexes.iter().any(|i| std::ptr::eq(*i, index)) {
+                indexes.push(index);
             }
         }
-        let mut heads: Vec<_> = maps
+        let mut heads: Vec<_> = indexes
             .into_iter()
-            .map(|m| m.range(from..).map(|(&seq, id)| (seq, id)).peekable())
+            .map(|i| i.range(tenant, from).peekable())
             .collect();
         // A merge of at most three ordered ranges by sequence.
         Some(std::iter::from_fn(move || {
@@ -356,15 +423,19 @@ impl LiveByStatus {
         }))
     }
 
-    /// Every (state, sequence) held, for [`Core::counters`].
-    pub(super) fn entries(&self) -> BTreeSet<(&'static str, u64)> {
+    /// Every (state, tenant or None, sequence) held, for [`Core::counters`].
+    pub(super) fn entries(&self) -> BTreeSet<(&'static str, Option<String>, u64)> {
         [
             (AgentStatus::Queued, &self.queued),
             (AgentStatus::Running, &self.running),
             (AgentStatus::AwaitingApproval, &self.awaiting_approval),
         ]
         .into_iter()
-        .flat_map(|(status, map)| map.keys().map(move |seq| (status.name(), *seq)))
+        .flat_map(|(status, index)| {
+            index
+                .entries()
+                .map(move |(tenant, seq)| (status.name(), tenant, seq))
+        })
         .collect()
     }
 }

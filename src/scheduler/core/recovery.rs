@@ -214,7 +214,7 @@ impl Core {
             self.held_report_seqs.insert(view.id, report_seq);
         }
         let id = view.id;
-        if self.agents.contains_key(&id) || self.order.contains_key(&seq) {
+        if self.agents.contains_key(&id) || self.order.contains(seq) {
             return Err(Inconsistent(format!(
                 "agent {id} (admission {seq}) appears twice"
             )));
@@ -268,7 +268,7 @@ impl Core {
                 .insert((view.tenant.clone(), lead.clone(), seq), id);
         }
         self.by_root.insert((view.root_id, seq), id);
-        self.order.insert(seq, id);
+        self.order.insert(&view.tenant, seq, id);
         self.stats.restored(&view.tenant, &view.bucket, status);
         let record = Record {
             view,
@@ -286,7 +286,8 @@ impl Core {
         };
         self.agents.insert(id, Box::new(record));
         if !status.is_terminal() {
-            self.by_status.moved(seq, id, None, status);
+            let tenant = self.agents[&id].view.tenant.clone();
+            self.by_status.moved(&tenant, seq, id, None, status);
         }
         self.acquire(id, Held::of(status, background));
         if status == AgentStatus::Queued {

@@ -29,7 +29,7 @@ impl Core {
         self.closed = true;
         let live: Vec<AgentId> = self
             .order
-            .values()
+            .ids()
             .filter(|id| !self.agents[*id].view.status.is_terminal())
             .copied()
             .collect();
@@ -74,7 +74,7 @@ impl Core {
             }
             self.finished.pop_front();
             if let Some(rec) = self.agents.remove(&id) {
-                self.order.remove(&rec.seq);
+                self.order.remove(&rec.view.tenant, rec.seq);
                 if let Some(lead) = &rec.view.lead_id {
                     self.by_lead
                         .remove(&(rec.view.tenant.clone(), lead.clone(), rec.seq));
