@@ -15,7 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::{
     api::auth::AuthLayer,
     api::deadline::DeadlineLayer,
-    api::forward::{ForwardLayer, ForwardSettings, Route},
+    api::forward::{ForwardLayer, ForwardSettings, LeaderTls, Route},
     api::gate::RecoveryGate,
     api::{
         ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
@@ -309,7 +309,10 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         (route, elector)
     });
     let forward_tls = match (&tls, election.is_some()) {
-        (Some(acceptor), true) => Some(leader_tls(&config, acceptor, &advertised)?),
+        (Some(acceptor), true) => Some(Arc::new(LeaderTls::new(
+            acceptor.generation(),
+            leader_tls(&config, acceptor, &advertised)?,
+        ))),
         _ => None,
     };
     // Only servers that can be standbys pay for the routing decision.
@@ -446,7 +449,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                 timing: Timing {
                     ttl: config.ha.lease_ttl,
                 },
-                leader_tls: forward_tls,
+                leader_tls: forward_tls.clone(),
             }
             .run(elector.role(), elector.leader()),
         );
@@ -503,11 +506,25 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     tasks.push(tokio::spawn(refresh_jwks(keyring.clone(), http)));
     if let Some(acceptor) = &tls {
         let acceptor = acceptor.clone();
+        let (config, advertised) = (config.clone(), advertised.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(crate::tls::TLS_FILES_POLL).await;
-                let acceptor = acceptor.clone();
-                let _ = tokio::task::spawn_blocking(move || acceptor.refresh()).await;
+                let refreshing = acceptor.clone();
+                let _ = tokio::task::spawn_blocking(move || refreshing.refresh()).await;
+                // A changed certificate (polled or SIGHUP) is also what a
+                // standby presents to the leader from now on.
+                let Some(leader) = &forward_tls else { continue };
+                let generation = acceptor.generation();
+                if leader.current().0 != generation {
+                    match leader_tls(&config, &acceptor, &advertised) {
+                        Ok(fresh) => {
+                            leader.replace(generation, fresh);
+                            info!("TLS to the leader uses the new certificate");
+                        }
+                        Err(e) => warn!(error = %e, "TLS to the leader keeps the old certificate"),
+                    }
+                }
             }
         }));
     }
@@ -717,7 +734,7 @@ struct Follower {
     route: watch::Sender<Route>,
     timing: Timing,
     /// With `[server.tls]`: how to reach the leader.
-    leader_tls: Option<tonic::transport::ClientTlsConfig>,
+    leader_tls: Option<Arc<LeaderTls>>,
 }
 
 impl Drop for Follower {
@@ -834,9 +851,10 @@ impl Follower {
             }
             let healthy = match &address {
                 Some(address) => {
+                    let tls = self.leader_tls.as_ref().map(|t| t.current());
                     leader_serving(
                         address,
-                        self.leader_tls.as_ref(),
+                        tls.as_ref().map(|t| &t.1),
                         self.timing.call_timeout(),
                     )
                     .await

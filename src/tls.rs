@@ -175,6 +175,9 @@ pub struct Acceptor {
     /// a certificate with one of them is another replica of this service.
     own_sans: ArcSwap<Vec<Arc<str>>>,
     source: Mutex<(ServerTls, Files)>,
+    /// Bumped at each change of `current`, so what is derived from the
+    /// certificate (a standby's client TLS to the leader) follows it.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Acceptor {
@@ -187,7 +190,13 @@ impl Acceptor {
             current: ArcSwap::from_pointee(config),
             own_sans: ArcSwap::from_pointee(files.leaf_sans()),
             source: Mutex::new((tls.clone(), files)),
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// How many times the certificate in use changed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Takes `tls` (a reloaded `[server.tls]`, or the same one when only
@@ -205,6 +214,8 @@ impl Acceptor {
         self.current.store(Arc::new(config));
         self.own_sans.store(Arc::new(files.leaf_sans()));
         *self.source.lock() = (tls.clone(), files);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(true)
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::{
     auth::{key, with_key},
     bg, error_info,
-    tls::{connect, Ca, Files},
+    tls::{connect, connect_to_name, Ca, Files},
 };
 use subagentd::{
     config::{Config, ConfigSource},
@@ -564,6 +564,43 @@ async fn a_standby_forwards_over_tls_and_the_leader_acts_for_the_same_principal(
         let err = v.cancel(request).await.unwrap_err();
         assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     }
+
+    // The replicas' certificate rotates to one with other names. The
+    // standby then presents the new one to the leader too (the leader
+    // trusts forwarded identities only from a certificate with its own
+    // names): forwarding works again within the files' poll, on a new
+    // channel.
+    let rotated = ca.server_named(&["replica.subagentd.test"]);
+    files.write("server.crt", &rotated.cert);
+    files.write("server.key", &rotated.key);
+    let started = tokio::time::Instant::now();
+    let last = loop {
+        let attempt = async {
+            let mut c = connect_to_name(
+                standby.addr(),
+                Some("replica.subagentd.test"),
+                &ca,
+                Some(&frontend),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            c.spawn(bg("openai/gpt-4o", "after the rotation"))
+                .await
+                .map_err(|e| format!("{e:?}"))
+        };
+        match attempt.await {
+            Ok(answer) => {
+                assert_eq!(answer.into_inner().agent.unwrap().tenant, "team-a");
+                break None;
+            }
+            Err(e) if started.elapsed() > Duration::from_secs(15) => break Some(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert_eq!(
+        last, None,
+        "a forwarded Spawn works with the rotated certificate"
+    );
     leader.abort().await;
     standby.abort().await;
 }

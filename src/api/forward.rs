@@ -76,7 +76,7 @@ pub enum Route {
 pub struct ForwardSettings {
     /// With `[server.tls]`: TLS to the leader, presenting this server's
     /// own certificate.
-    pub tls: Option<tonic::transport::ClientTlsConfig>,
+    pub tls: Option<Arc<LeaderTls>>,
     /// How long connecting to the leader may take.
     pub connect_timeout: Duration,
     /// HTTP/2 PING interval on the connection to the leader.
@@ -84,6 +84,34 @@ pub struct ForwardSettings {
     /// How long an unanswered PING may take before the connection (and
     /// every call on it) is closed.
     pub keepalive_timeout: Duration,
+}
+
+/// The client TLS a standby presents to the leader, replaced when this
+/// server's certificate files change (a rotated Secret): channels made
+/// after that use the new one; calls on an older channel end on it.
+#[derive(Debug)]
+pub struct LeaderTls {
+    /// The certificate generation it was built from, and the config.
+    current: arc_swap::ArcSwap<(u64, tonic::transport::ClientTlsConfig)>,
+}
+
+impl LeaderTls {
+    /// Built from certificate generation `generation`.
+    pub fn new(generation: u64, config: tonic::transport::ClientTlsConfig) -> Self {
+        Self {
+            current: arc_swap::ArcSwap::from_pointee((generation, config)),
+        }
+    }
+
+    /// The generation it was built from and the config.
+    pub fn current(&self) -> Arc<(u64, tonic::transport::ClientTlsConfig)> {
+        self.current.load_full()
+    }
+
+    /// Replaces the config with one built from `generation`.
+    pub fn replace(&self, generation: u64, config: tonic::transport::ClientTlsConfig) {
+        self.current.store(Arc::new((generation, config)));
+    }
 }
 
 /// The layer (see the module docs).
@@ -98,8 +126,9 @@ struct Shared {
     /// This server's advertised address (the forwarded-by header).
     me: http::HeaderValue,
     settings: ForwardSettings,
-    /// The channel to the current leader, by its address.
-    channel: Mutex<Option<(String, Channel)>>,
+    /// The channel to the current leader, by its address and the TLS
+    /// generation it was made with.
+    channel: Mutex<Option<(String, u64, Channel)>>,
 }
 
 impl ForwardLayer {
@@ -118,21 +147,24 @@ impl ForwardLayer {
 }
 
 impl Shared {
-    /// The channel to `address`, made lazily once per leader.
+    /// The channel to `address`, made lazily once per leader and again
+    /// when this server's certificate changed.
     fn channel(&self, address: &str) -> Result<Channel, String> {
+        let s = &self.settings;
+        let tls = s.tls.as_ref().map(|t| t.current());
+        let generation = tls.as_ref().map_or(0, |t| t.0);
         let mut cached = self.channel.lock();
-        if let Some((known, channel)) = &*cached {
-            if known == address {
+        if let Some((known, made_with, channel)) = &*cached {
+            if known == address && *made_with == generation {
                 return Ok(channel.clone());
             }
         }
-        let s = &self.settings;
-        let scheme = if s.tls.is_some() { "https" } else { "http" };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("the leader's address {address:?} is not a URI: {e}"))?;
-        if let Some(tls) = &s.tls {
+        if let Some(tls) = &tls {
             endpoint = endpoint
-                .tls_config(tls.clone())
+                .tls_config(tls.1.clone())
                 .map_err(|e| format!("TLS to the leader at {address}: {e}"))?;
         }
         let channel = endpoint
@@ -142,7 +174,7 @@ impl Shared {
             .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .connect_lazy();
-        *cached = Some((address.to_owned(), channel.clone()));
+        *cached = Some((address.to_owned(), generation, channel.clone()));
         Ok(channel)
     }
 }

@@ -41,6 +41,11 @@ impl Ca {
         self.leaf(&["localhost", "127.0.0.1"], &[])
     }
 
+    /// A server certificate for the DNS names `names` only.
+    pub fn server_named(&self, names: &[&str]) -> Pair {
+        self.leaf(names, &[])
+    }
+
     /// A client certificate with the URI SANs `uris` (SPIFFE ids).
     pub fn client(&self, uris: &[&str]) -> Pair {
         self.leaf(&[], uris)
@@ -110,7 +115,21 @@ pub async fn connect(
     ca: &Ca,
     identity: Option<&Pair>,
 ) -> Result<AgentServiceClient<Channel>, tonic::transport::Error> {
+    connect_to_name(addr, None, ca, identity).await
+}
+
+/// [`connect`], verifying the server's certificate for `name` rather
+/// than for the address.
+pub async fn connect_to_name(
+    addr: SocketAddr,
+    name: Option<&str>,
+    ca: &Ca,
+    identity: Option<&Pair>,
+) -> Result<AgentServiceClient<Channel>, tonic::transport::Error> {
     let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca.pem));
+    if let Some(name) = name {
+        tls = tls.domain_name(name);
+    }
     if let Some(pair) = identity {
         tls = tls.identity(Identity::from_pem(&pair.cert, &pair.key));
     }
