@@ -107,9 +107,9 @@ impl ServerHandle {
 
     /// Resolves when this server, having led, lost the leader lease (it
     /// could not renew it, or was frozen past it): its runs are stopped
-    /// already; it must then stop ([`ServerHandle::abort`]) and exit
-    /// non-zero, and come back as a standby. Never resolves without a
-    /// PostgreSQL store.
+    /// already; it must then stop ([`ServerHandle::abort`]) and come back
+    /// as a standby (`serve` starts a new server in its place). Never
+    /// resolves without a PostgreSQL store.
     pub async fn deposed(&self) {
         match &self.ha {
             Some(ha) => ha.deposed.cancelled().await,
@@ -134,7 +134,22 @@ impl ServerHandle {
             ha.task.abort();
         }
         self.scheduler.detach_runs();
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.server).await;
+        let mut server = self.server;
+        if tokio::time::timeout(Duration::from_secs(2), &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
+            let _ = server.await;
+        }
+        // Every listener is closed once its task is gone (a server started
+        // again binds the same addresses).
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        if let Some(ha) = self.ha {
+            let _ = ha.task.await;
+        }
     }
 
     async fn set_not_serving(&self) {
@@ -807,7 +822,7 @@ impl Follower {
         });
         error!(
             epoch,
-            stopped, "lost the leader lease: stopped every in-process run; stopping"
+            stopped, "lost the leader lease: stopped every in-process run; becoming a standby"
         );
         self.deposed.cancel();
         set_serving(&self.health, false).await;
@@ -986,18 +1001,24 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let telemetry = telemetry::init(&config.telemetry)?;
     let mut signals = Signals::new()?;
-    let handle = start(config, source).await?;
-    tokio::select! {
-        () = signals.wait_for_stop(&handle) => {}
-        () = handle.store_failed() => {
-            handle.abort().await;
-            anyhow::bail!("the store failed a commit (see the log); exiting so that a restart recovers what was written");
+    let (mut config, mut source) = (config, source);
+    let handle = loop {
+        let handle = start(config, source.clone()).await?;
+        tokio::select! {
+            () = signals.wait_for_stop(&handle) => break handle,
+            () = handle.store_failed() => {
+                handle.abort().await;
+                anyhow::bail!("the store failed a commit (see the log); exiting so that a restart recovers what was written");
+            }
+            () = handle.deposed() => {
+                // Its runs are stopped and its scheduler is stale: all of
+                // it goes, and a fresh server on the same addresses starts
+                // as a standby (what a restart would do, without one).
+                (config, source) = standby_again(handle).await?;
+                info!(listen = %config.server.listen, "starting again as a standby");
+            }
         }
-        () = handle.deposed() => {
-            handle.abort().await;
-            anyhow::bail!("this server lost the leader lease (see the log); exiting so that it restarts as a standby");
-        }
-    }
+    };
     let stopped = tokio::select! {
         stopped = handle.shutdown() => stopped,
         signal = signals.stop() => {
@@ -1014,6 +1035,28 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         error!(error = %e, "flushing telemetry failed");
     }
     stopped
+}
+
+/// After `handle` lost the leader lease: stops all of it and loads the
+/// config again for a new server bound to the same addresses (so port 0
+/// keeps the port it got).
+async fn standby_again(handle: ServerHandle) -> anyhow::Result<(Config, ConfigSource)> {
+    let (addr, health, metrics) = (handle.addr(), handle.health_addr(), handle.metrics_addr());
+    let source = ConfigSource {
+        listen: Some(addr.to_string()),
+        ..handle.source.clone()
+    };
+    handle.abort().await;
+    let mut config = source
+        .load()
+        .context("the config, loaded again to serve as a standby")?;
+    if let Some(health) = health {
+        config.server.health_listen = health.to_string();
+    }
+    if let Some(metrics) = metrics {
+        config.telemetry.metrics_listen = metrics.to_string();
+    }
+    Ok((config, source))
 }
 
 /// The signals `serve` acts on: SIGHUP reloads, SIGTERM/SIGINT stop (the

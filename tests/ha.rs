@@ -327,7 +327,7 @@ fn locking_program_type(dir: &std::path::Path) -> String {
 }
 
 #[tokio::test]
-async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits() {
+async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_becomes_a_standby() {
     let Some(db) = Database::create().await else {
         return;
     };
@@ -378,25 +378,35 @@ async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_exits()
     })
     .await;
     first.signal(Signal::SIGCONT);
-    // It steps down before anything else, stopping its runs, and exits
-    // non-zero so that it comes back as a standby.
+    // It steps down before anything else, stopping its runs, and becomes
+    // a standby of the new leader in the same process, on the same port.
     first
         .log_line(|v| {
-            v["message"] == "lost the leader lease: stopped every in-process run; stopping"
+            v["message"]
+                == "lost the leader lease: stopped every in-process run; becoming a standby"
         })
         .await;
-    let status = first.exit_status().await;
-    assert!(!status.success(), "{status:?}");
+    first
+        .log_line(|v| v["message"] == "subagentd listening as a standby; electing a leader")
+        .await;
+    first
+        .log_line(|v| v["message"] == "forwarding to the leader")
+        .await;
     // It wrote nothing: the agent is the new leader's second attempt, still
-    // running, and the program never ran twice at once.
-    let after = common::status_of(&mut client, &running.id).await;
+    // running (seen through the old leader, which now forwards), and the
+    // program never ran twice at once.
+    let mut via_old_leader = first.client().await;
+    let after = common::status_of(&mut via_old_leader, &running.id).await;
     assert_eq!(
         (common::status(&after), after.attempt),
         (pb::AgentStatus::Running, 2)
     );
+    assert_eq!(leader_gauge(&first).await, 0.0);
+    assert_eq!(leader_gauge(&second).await, 1.0);
     let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
     assert_eq!(log, "start\nstart\n", "one run at a time");
     common::cancel(&mut client, &running.id).await;
+    assert_eq!(first.stop().await.code(), Some(0));
     assert_eq!(second.stop().await.code(), Some(0));
 }
 
