@@ -19,7 +19,7 @@ Exit status:
 /// `run --scenarios` default: everything but bg-spawn-postgres (which needs
 /// a PostgreSQL server, see `--postgres-url`).
 const DEFAULT_SCENARIOS: &str =
-    "baseline,bg-spawn,bg-spawn-embedded,fg-spawn,status,bg-spawn-watched,bg-spawn-lead-watched";
+    "baseline,bg-spawn,bg-spawn-keyed,bg-spawn-embedded,fg-spawn,status,bg-spawn-watched,bg-spawn-lead-watched";
 
 /// `subagentd-bench`: load generator and memory probe for subagentd.
 #[derive(clap::Parser, Debug)]
@@ -70,6 +70,9 @@ pub enum Command {
     ///                     call to the leader: the forwarding cost. Server
     ///                     CPU is both processes'. Not in the default list;
     ///                     needs --postgres-url.
+    ///   bg-spawn-keyed    bg-spawn with `[auth] mode = "required"`, every
+    ///                     call carrying an API key: what authenticating a
+    ///                     call costs.
     ///   fg-spawn          foreground Spawn, same prompt: spawn + run + complete
     ///                     in one call.
     ///   status            Status by the id of one running agent spawned before

@@ -61,6 +61,13 @@ pub enum Workload {
     /// Spawn. A background spawn must come back QUEUED, RUNNING or DONE; a
     /// foreground one DONE (the prompt finishes at once).
     Spawn(pb::SpawnRequest),
+    /// Spawn as [`Workload::Spawn`], each call carrying `authorization`.
+    KeyedSpawn {
+        /// The request.
+        request: pb::SpawnRequest,
+        /// The `authorization` header's value.
+        authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    },
     /// Status by ids: must return exactly those agents.
     Status(pb::StatusRequest),
     /// Background Spawn under the leads of `leads`, round-robin; each
@@ -133,29 +140,17 @@ pub async fn call(client: &mut AgentServiceClient<Channel>, workload: &Workload)
             }
             outcome
         }
-        Workload::Spawn(request) => match client.spawn(request.clone()).await {
-            Ok(response) => {
-                let status = response.into_inner().agent.map(|a| a.status());
-                let expected = if request.background {
-                    matches!(
-                        status,
-                        Some(
-                            pb::AgentStatus::Queued
-                                | pb::AgentStatus::Running
-                                | pb::AgentStatus::Done
-                        )
-                    )
-                } else {
-                    status == Some(pb::AgentStatus::Done)
-                };
-                if expected {
-                    Outcome::Ok
-                } else {
-                    Outcome::BadResponse
-                }
-            }
-            Err(status) => Outcome::Error(status.code()),
-        },
+        Workload::KeyedSpawn {
+            request,
+            authorization,
+        } => {
+            let mut keyed = tonic::Request::new(request.clone());
+            keyed
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+            spawned(request, client.spawn(keyed).await)
+        }
+        Workload::Spawn(request) => spawned(request, client.spawn(request.clone()).await),
         Workload::Status(request) => match client.status(request.clone()).await {
             Ok(response) => {
                 let agents = response.into_inner().agents;
@@ -169,6 +164,34 @@ pub async fn call(client: &mut AgentServiceClient<Channel>, workload: &Workload)
             }
             Err(status) => Outcome::Error(status.code()),
         },
+    }
+}
+
+/// Classifies the answer to a Spawn of `request`.
+fn spawned(
+    request: &pb::SpawnRequest,
+    answer: Result<tonic::Response<pb::SpawnResponse>, tonic::Status>,
+) -> Outcome {
+    match answer {
+        Ok(response) => {
+            let status = response.into_inner().agent.map(|a| a.status());
+            let expected = if request.background {
+                matches!(
+                    status,
+                    Some(
+                        pb::AgentStatus::Queued | pb::AgentStatus::Running | pb::AgentStatus::Done
+                    )
+                )
+            } else {
+                status == Some(pb::AgentStatus::Done)
+            };
+            if expected {
+                Outcome::Ok
+            } else {
+                Outcome::BadResponse
+            }
+        }
+        Err(status) => Outcome::Error(status.code()),
     }
 }
 

@@ -44,6 +44,9 @@ pub enum Scenario {
     /// BgSpawnPostgres sent to a standby, which forwards every call to the
     /// leader on the same database (needs `--postgres-url`).
     BgSpawnForwarded,
+    /// BgSpawn with authentication required, every call carrying an API
+    /// key: what authenticating a call costs.
+    BgSpawnKeyed,
 }
 
 impl Scenario {
@@ -59,6 +62,7 @@ impl Scenario {
             Scenario::BgSpawnWatched => "bg-spawn-watched",
             Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
             Scenario::BgSpawnForwarded => "bg-spawn-forwarded",
+            Scenario::BgSpawnKeyed => "bg-spawn-keyed",
         }
     }
 }
@@ -152,7 +156,10 @@ async fn run_round(
             (Scenario::Baseline, _) => ServerKind::Noop,
             (_, Some(Ok(bin))) => ServerKind::Subagentd {
                 bin: bin.clone(),
-                config_toml: servers::THROUGHPUT_CONFIG,
+                config_toml: match scenario {
+                    Scenario::BgSpawnKeyed => servers::THROUGHPUT_KEYED_CONFIG,
+                    _ => servers::THROUGHPUT_CONFIG,
+                },
                 store,
             },
             (_, Some(Err(message))) => {
@@ -341,6 +348,12 @@ async fn prepare(
         | Scenario::BgSpawnForwarded
         | Scenario::BgSpawnWatched => Workload::Spawn(load::spawn_request(true)),
         Scenario::FgSpawn => Workload::Spawn(load::spawn_request(false)),
+        Scenario::BgSpawnKeyed => Workload::KeyedSpawn {
+            request: load::spawn_request(true),
+            authorization: format!("Bearer {}", servers::BENCH_KEY)
+                .parse()
+                .context("the bench key as a header")?,
+        },
         Scenario::Status => {
             let mut client = AgentServiceClient::new(channel.clone());
             let target = client

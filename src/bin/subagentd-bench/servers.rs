@@ -37,7 +37,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// watchers: the lead-watched scenario opens 200), finished agents go away
 /// soon enough that a long run does not fill memory, and watchers get a
 /// ring deep enough to ride out scheduling hiccups of a shared machine.
-pub const THROUGHPUT_CONFIG: &str = r#"# written by subagentd-bench run
+macro_rules! throughput_config {
+    () => {
+        r#"# written by subagentd-bench run
 [limits]
 max_background_agents = 4000000000
 default_concurrency = 0
@@ -49,7 +51,29 @@ finished_retention = "30s"
 
 [watch]
 subscriber_buffer = 65536
-"#;
+"#
+    };
+}
+pub const THROUGHPUT_CONFIG: &str = throughput_config!();
+
+/// The key every `bg-spawn-keyed` call carries (a fixed one: it is valid
+/// only on the bench's own loopback server, for one run).
+pub const BENCH_KEY: &str = "sa_bench_c3ViYWdlbnRkLWJlbmNoIGZpeGVkIGtleTogMzIgYnk";
+
+/// [`THROUGHPUT_CONFIG`] with authentication required and [`BENCH_KEY`] a
+/// frontend's key (its SHA-256 below; a test checks they match).
+pub const THROUGHPUT_KEYED_CONFIG: &str = concat!(
+    throughput_config!(),
+    r#"
+[auth]
+mode = "required"
+
+[auth.keys.bench]
+sha256 = "5053ed529564d06b6d19b66ec2b2852995ecd0f907a12983b5eb49743cd355d6"
+tenant = "bench"
+roles = ["frontend"]
+"#
+);
 
 /// subagentd config for `memory`: wide limits and a retention longer than
 /// any measurement, so every spawned agent is still held when RSS is read.
@@ -684,11 +708,19 @@ mod tests {
 
     #[test]
     fn bench_configs_are_valid_subagentd_configs() {
-        for toml in [THROUGHPUT_CONFIG, MEMORY_CONFIG] {
+        for toml in [THROUGHPUT_CONFIG, THROUGHPUT_KEYED_CONFIG, MEMORY_CONFIG] {
             let config = subagentd::config::ConfigSource::from_toml_str(toml).unwrap();
             assert_eq!(config.limits.max_background_agents, 4_000_000_000);
             assert_eq!(config.limits.default_concurrency, 0);
         }
+    }
+
+    #[test]
+    fn the_keyed_config_holds_the_bench_keys_digest() {
+        use subagentd::auth::keys;
+        assert!(keys::parse(BENCH_KEY).is_some(), "a well-formed key");
+        let digest = keys::digest_hex(&keys::digest(BENCH_KEY));
+        assert!(THROUGHPUT_KEYED_CONFIG.contains(&format!("sha256 = \"{digest}\"")));
     }
 
     #[test]
