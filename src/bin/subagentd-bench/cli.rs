@@ -255,6 +255,7 @@ mod tests {
             vec![
                 Scenario::Baseline,
                 Scenario::BgSpawn,
+                Scenario::BgSpawnKeyed,
                 Scenario::BgSpawnEmbedded,
                 Scenario::FgSpawn,
                 Scenario::Status,
