@@ -521,17 +521,22 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
     tasks.push(tokio::spawn(refresh_jwks(keyring.clone(), http)));
     if let Some(acceptor) = &tls {
         let acceptor = acceptor.clone();
-        let (config, advertised) = (config.clone(), advertised.clone());
+        let (config, advertised) = (Arc::new(config.clone()), Arc::new(advertised.clone()));
         tasks.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(crate::tls::TLS_FILES_POLL).await;
-                let refreshing = acceptor.clone();
-                let _ = tokio::task::spawn_blocking(move || refreshing.refresh()).await;
-                // A changed certificate (polled or SIGHUP) is also what a
-                // standby presents to the leader from now on.
-                let Some(leader) = &forward_tls else { continue };
-                let generation = acceptor.generation();
-                if leader.current().0 != generation {
+                let (acceptor, leader) = (acceptor.clone(), forward_tls.clone());
+                let (config, advertised) = (config.clone(), advertised.clone());
+                // File reads: off the async workers.
+                let _ = tokio::task::spawn_blocking(move || {
+                    acceptor.refresh();
+                    // A changed certificate (polled or SIGHUP) is also what
+                    // a standby presents to the leader from now on.
+                    let Some(leader) = leader else { return };
+                    let generation = acceptor.generation();
+                    if leader.current().0 == generation {
+                        return;
+                    }
                     match leader_tls(&config, &acceptor, &advertised) {
                         Ok(fresh) => {
                             leader.replace(generation, fresh);
@@ -539,7 +544,8 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
                         }
                         Err(e) => warn!(error = %e, "TLS to the leader keeps the old certificate"),
                     }
-                }
+                })
+                .await;
             }
         }));
     }
