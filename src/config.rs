@@ -91,6 +91,7 @@ const SECTIONS: &[&str] = &[
     "agents",
     "telemetry",
     "store",
+    "conversations",
 ];
 
 /// The whole effective configuration.
@@ -119,6 +120,30 @@ pub struct Config {
     /// `[tenants.NAME]`: limits of one tenant on top of the global ones;
     /// reloadable. A tenant without an entry has none of its own.
     pub tenants: BTreeMap<String, TenantLimits>,
+    /// `[conversations]`: transcripts kept for continuations; reloadable.
+    pub conversations: ConversationsConfig,
+}
+
+/// `[conversations]` section.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConversationsConfig {
+    /// How long a conversation's transcript is kept after its latest agent
+    /// ended (so it can be continued and read). Default 24 h.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Bytes of text one transcript keeps; past it the oldest entries are
+    /// elided (with a marker entry). Default 1 MiB, at least 4 KiB.
+    pub max_transcript_bytes: usize,
+}
+
+impl Default for ConversationsConfig {
+    fn default() -> Self {
+        Self {
+            retention: crate::scheduler::conversation::DEFAULT_RETENTION,
+            max_transcript_bytes: crate::scheduler::conversation::DEFAULT_MAX_TRANSCRIPT_BYTES,
+        }
+    }
 }
 
 /// `[tenants.NAME]` section.
@@ -828,6 +853,11 @@ pub struct AgentTypeConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub request_timeout: Option<Duration>,
+    /// Whether agents of this type can be continued or forked (any
+    /// runner): false for programs that cannot take a history. Default
+    /// true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuable: Option<bool>,
 }
 
 /// Default `request_timeout` of openai runs.
@@ -854,6 +884,11 @@ impl AgentTypeConfig {
     /// How the prompt reaches a command run.
     pub fn prompt_input(&self) -> PromptInput {
         self.prompt.unwrap_or_default()
+    }
+
+    /// Whether agents of this type can be continued or forked.
+    pub fn continuable(&self) -> bool {
+        self.continuable.unwrap_or(true)
     }
 
     /// Whether runs of this type accept Steer messages.
@@ -1062,6 +1097,7 @@ impl Default for Config {
             ha: HaConfig::default(),
             auth: crate::auth::AuthConfig::default(),
             tenants: BTreeMap::new(),
+            conversations: ConversationsConfig::default(),
         }
     }
 }
@@ -1281,6 +1317,19 @@ impl Config {
                     "must name a model as \"provider/model\"",
                 ));
             }
+        }
+        let min = crate::scheduler::conversation::MIN_MAX_TRANSCRIPT_BYTES;
+        if self.conversations.max_transcript_bytes < min {
+            return Err(invalid(
+                "conversations.max_transcript_bytes",
+                format!(
+                    "must be ≥ {min} (got {})",
+                    self.conversations.max_transcript_bytes
+                ),
+            ));
+        }
+        if self.conversations.retention.is_zero() {
+            return Err(invalid("conversations.retention", "must be > 0"));
         }
         if self.runs.default_timeout.is_zero() {
             return Err(invalid("runs.default_timeout", "must be > 0"));

@@ -118,7 +118,8 @@ async fn reflection_v1_lists_the_api_and_serves_its_descriptor() {
             "Cancel",
             "Steer",
             "WatchAgents",
-            "Approve"
+            "Approve",
+            "GetTranscript"
         ]
     );
     s.handle.shutdown().await.unwrap();

@@ -534,3 +534,141 @@ async fn a_program_that_outlived_a_sigkill_is_stopped_at_recovery() {
     assert_eq!(failed.error.unwrap().code, "SERVER_RESTARTED");
     assert_eq!(server.stop().await.code(), Some(0));
 }
+
+#[tokio::test]
+async fn a_transcript_survives_a_sigkill_and_the_conversation_goes_on_embedded() {
+    transcript_survives_a_sigkill("embedded").await;
+}
+
+#[tokio::test]
+async fn a_transcript_survives_a_sigkill_and_the_conversation_goes_on_postgres() {
+    transcript_survives_a_sigkill("postgres").await;
+}
+
+/// (kind, agent id, turn, text) of every entry of `id`'s whole conversation.
+async fn conversation_entries(
+    client: &mut AgentServiceClient<Channel>,
+    id: &str,
+) -> Vec<(i32, String, u32, String)> {
+    client
+        .get_transcript(pb::GetTranscriptRequest {
+            conversation_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("GetTranscript")
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| (e.kind, e.agent_id, e.turn, e.text))
+        .collect()
+}
+
+/// Ended turns are durable when acknowledged: after a SIGKILL the
+/// transcript reads the same, an older turn is still not the latest, and
+/// the next turn sees every earlier one. A turn live at the crash keeps
+/// its prompt (from the agent's own record) and ends as recovery decides.
+async fn transcript_survives_a_sigkill(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
+    let toml = store.config();
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let first = common::spawn(&mut client, common::fg("acme/m", "tool grep\noutput one")).await;
+    assert_eq!(common::status(&first), pb::AgentStatus::Done);
+    let second = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            continue_from: first.id.clone(),
+            prompt: "wait_steer\noutput two".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    client
+        .steer(pb::SteerRequest {
+            id: second.id.clone(),
+            message: "go on".into(),
+        })
+        .await
+        .expect("Steer");
+    assert_eq!(
+        common::status(&await_one(&mut client, &second.id).await),
+        pb::AgentStatus::Done
+    );
+    // A third turn is live at the crash.
+    let third = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            continue_from: second.id.clone(),
+            prompt: "sleep 600000".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let before = conversation_entries(&mut client, &first.id).await;
+    assert_eq!(before.len(), 7, "{before:?}");
+
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+
+    let interrupted = await_one(&mut client, &third.id).await;
+    assert_eq!(common::status(&interrupted), pb::AgentStatus::Failed);
+    let after = conversation_entries(&mut client, &first.id).await;
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "every entry acknowledged before the crash is there, in order"
+    );
+    assert_eq!(after.len(), before.len() + 1, "{after:?}");
+    let (kind, agent, turn, _) = &after[before.len()];
+    assert_eq!(
+        (*kind, agent.as_str(), *turn),
+        (pb::TranscriptEntryKind::Result as i32, third.id.as_str(), 3),
+        "the interrupted turn's result"
+    );
+
+    let not_latest = client
+        .spawn(pb::SpawnRequest {
+            continue_from: second.id.clone(),
+            prompt: "again".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not the latest turn");
+    assert_eq!(not_latest.code(), tonic::Code::FailedPrecondition);
+    let fourth = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            continue_from: third.id.clone(),
+            prompt: "history".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (fourth.turn, fourth.conversation_id.as_str()),
+        (4, first.id.as_str())
+    );
+    let lines: Vec<&str> = fourth.result.lines().collect();
+    assert_eq!(
+        lines[..6],
+        [
+            "turn 1 prompt: tool grep\\noutput one",
+            "turn 1 tool: grep",
+            "turn 1 result: one",
+            "turn 2 prompt: wait_steer\\noutput two",
+            "turn 2 steer: go on",
+            "turn 2 result: steer: go on\\ntwo",
+        ],
+        "{lines:?}"
+    );
+    assert_eq!(lines[6], "turn 3 prompt: sleep 600000");
+    assert!(lines[7].starts_with("turn 3 failed: "), "{lines:?}");
+    assert_eq!(server.stop().await.code(), Some(0));
+}

@@ -454,6 +454,81 @@ async fn a_steer_during_a_completion_becomes_the_next_user_turn() {
     s.handle.shutdown().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_continuation_sends_the_conversation_so_far_then_its_prompt() {
+    let fake = Fake::start(|n| match n {
+        0 => completion(&["Paris"], 10, 1),
+        1 => completion(&["About 2.1 million."], 20, 4),
+        _ => completion(&["It is the capital."], 30, 4),
+    })
+    .await;
+    let mut s = TestServer::start(&openai_type(
+        "llm",
+        &fake.base_url,
+        "system_prompt = \"Be brief.\"",
+    ))
+    .await;
+    let first = spawn(
+        &mut s.client,
+        spawn_req("llm", "local/m", "Capital of France?"),
+    )
+    .await;
+    let first = ended(&mut s.client, &first.id).await;
+    assert_eq!(first.result, "Paris");
+    let second = spawn(
+        &mut s.client,
+        pb::SpawnRequest {
+            continue_from: first.id.clone(),
+            prompt: "Its population?".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        (second.agent.as_str(), second.model.as_str()),
+        ("llm", "local/m")
+    );
+    let second = ended(&mut s.client, &second.id).await;
+    assert_eq!(status(&second), pb::AgentStatus::Done, "{second:?}");
+    // A fork of the first turn sees only that turn.
+    let fork = spawn(
+        &mut s.client,
+        pb::SpawnRequest {
+            continue_from: first.id.clone(),
+            fork: true,
+            prompt: "Why Paris?".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    ended(&mut s.client, &fork.id).await;
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3);
+    let m = |role: &str, text: &str| (role.to_owned(), text.to_owned());
+    assert_eq!(
+        requests[1].messages(),
+        [
+            m("system", "Be brief."),
+            m("user", "Capital of France?"),
+            m("assistant", "Paris"),
+            m("user", "Its population?"),
+        ],
+        "the transcript is the message list, then the new prompt"
+    );
+    assert_eq!(
+        requests[2].messages(),
+        [
+            m("system", "Be brief."),
+            m("user", "Capital of France?"),
+            m("assistant", "Paris"),
+            m("user", "Why Paris?"),
+        ]
+    );
+    s.handle.shutdown().await.unwrap();
+}
+
 // ----- configuration problems at run time -----------------------------------------
 
 #[tokio::test]

@@ -9,11 +9,13 @@ use prost_types::Timestamp;
 use uuid::Uuid;
 
 use crate::pb;
+use crate::scheduler::conversation::{EntryKind, TranscriptItem, TranscriptOf, TranscriptPage};
 use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
-    AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode, Error,
-    Event, EventKind, FieldViolation, HeldRun, ModelRef, Progress, SpawnSpec, SteerDelivery, Usage,
-    WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo, CODE_RUN_FAILED,
+    AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode,
+    Continuation, Error, Event, EventKind, FieldViolation, HeldRun, ModelRef, Progress, SpawnSpec,
+    SteerDelivery, Usage, WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
+    CODE_RUN_FAILED,
 };
 
 /// Most ids one Status, Await or WatchAgents request may name.
@@ -150,11 +152,19 @@ fn truncate(s: &str) -> String {
 /// Parses a SpawnRequest.
 pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
     let mut v = Violations::default();
-    if req.agent.is_empty() {
+    let continue_from = v.optional_id("continue_from", &req.continue_from);
+    // A continuation inherits its agent type and model unless it names them.
+    let continuing = !req.continue_from.is_empty();
+    if req.agent.is_empty() && !continuing {
         v.add("agent", "is required: name a configured agent type");
     }
+    if req.fork && !continuing {
+        v.add("fork", "needs continue_from: the agent to fork from");
+    }
     if req.model.is_empty() {
-        v.add("model", "is required, as \"provider/model\"");
+        if !continuing {
+            v.add("model", "is required, as \"provider/model\"");
+        }
     } else if ModelRef::parse(&req.model).is_none() {
         v.add(
             "model",
@@ -196,6 +206,8 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         detached: req.detached,
         // From the call's metadata and server span, not its message.
         trace: SpawnTrace::default(),
+        continue_from,
+        fork: req.fork,
     })
 }
 
@@ -226,6 +238,7 @@ pub fn parse_status(
     let parent_id = v.optional_id("parent_id", &req.parent_id);
     let root_id = v.optional_id("root_id", &req.root_id);
     let lead_id = v.key("lead_id", &req.lead_id);
+    let conversation_id = v.optional_id("conversation_id", &req.conversation_id);
     let statuses = req
         .statuses
         .iter()
@@ -262,6 +275,7 @@ pub fn parse_status(
             || root_id.is_some()
             || lead_id.is_some()
             || !statuses.is_empty()
+            || conversation_id.is_some()
             || !req.tenant.is_empty()
             || !req.page_token.is_empty();
         if filtered {
@@ -277,10 +291,114 @@ pub fn parse_status(
             root_id,
             lead_id,
             statuses,
+            conversation_id,
         },
         after,
         limit,
     })
+}
+
+/// A parsed GetTranscriptRequest.
+#[derive(Debug)]
+pub struct TranscriptQuery {
+    /// Whose transcript.
+    pub target: TranscriptOf,
+    /// Position to start at.
+    pub after: usize,
+    /// Page size.
+    pub limit: usize,
+}
+
+/// Parses a GetTranscriptRequest.
+pub fn parse_get_transcript(req: pb::GetTranscriptRequest) -> Result<TranscriptQuery, Error> {
+    let mut v = Violations::default();
+    let agent = v.optional_id("agent_id", &req.agent_id);
+    let conversation = v.optional_id("conversation_id", &req.conversation_id);
+    let target = match (agent, conversation) {
+        (Some(a), None) => Some(TranscriptOf::Agent(a)),
+        (None, Some(c)) => Some(TranscriptOf::Conversation(c)),
+        (Some(_), Some(_)) => {
+            v.add("agent_id", "set agent_id or conversation_id, not both");
+            None
+        }
+        (None, None) if req.agent_id.is_empty() && req.conversation_id.is_empty() => {
+            v.add("agent_id", "set agent_id or conversation_id");
+            None
+        }
+        (None, None) => None,
+    };
+    let limit = match req.page_size as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n if n > MAX_PAGE_SIZE => {
+            v.add("page_size", format!("at most {MAX_PAGE_SIZE}"));
+            0
+        }
+        n => n,
+    };
+    let after = if req.page_token.is_empty() {
+        0
+    } else {
+        req.page_token.parse::<usize>().unwrap_or_else(|_| {
+            v.add("page_token", "is not a token returned by GetTranscript");
+            0
+        })
+    };
+    let query = target.map(|target| TranscriptQuery {
+        target,
+        after,
+        limit,
+    });
+    v.finish(query)
+        .map(|q| q.expect("a target when nothing is invalid"))
+}
+
+/// A transcript page as the API shows it.
+pub fn transcript_to_pb(page: &TranscriptPage) -> pb::GetTranscriptResponse {
+    let entries = page
+        .items
+        .iter()
+        .map(|item| match item {
+            TranscriptItem::Elided { at, text } => pb::TranscriptEntry {
+                kind: pb::TranscriptEntryKind::Elided as i32,
+                time: Some(timestamp(*at)),
+                text: text.to_string(),
+                ..pb::TranscriptEntry::default()
+            },
+            TranscriptItem::Entry {
+                agent_id,
+                turn,
+                entry,
+            } => {
+                let (kind, status, error) = match &entry.kind {
+                    EntryKind::Prompt => (pb::TranscriptEntryKind::Prompt, None, None),
+                    EntryKind::Steer => (pb::TranscriptEntryKind::Steer, None, None),
+                    EntryKind::ToolCall => (pb::TranscriptEntryKind::ToolCall, None, None),
+                    EntryKind::Result { status, error } => (
+                        pb::TranscriptEntryKind::Result,
+                        Some(*status),
+                        error.as_ref(),
+                    ),
+                };
+                pb::TranscriptEntry {
+                    kind: kind as i32,
+                    agent_id: agent_id.to_string(),
+                    turn: *turn,
+                    time: Some(timestamp(entry.at)),
+                    text: entry.text.to_string(),
+                    status: status.map_or(0, |s| status_to_pb(s) as i32),
+                    error: error.map(|e| pb::AgentError {
+                        code: e.code.to_string(),
+                        message: e.message.to_string(),
+                    }),
+                }
+            }
+        })
+        .collect();
+    pb::GetTranscriptResponse {
+        conversation_id: page.conversation_id.to_string(),
+        entries,
+        next_page_token: page.next_after.map(|n| n.to_string()).unwrap_or_default(),
+    }
 }
 
 /// A parsed AwaitRequest.
@@ -413,6 +531,7 @@ pub fn parse_watch(
     let parent_id = v.optional_id("parent_id", &req.parent_id);
     let root_id = v.optional_id("root_id", &req.root_id);
     let lead_id = v.key("lead_id", &req.lead_id);
+    let conversation_id = v.optional_id("conversation_id", &req.conversation_id);
     v.finish(WatchQuery {
         filter: AgentFilter {
             tenant,
@@ -425,6 +544,7 @@ pub fn parse_watch(
             root_id,
             lead_id,
             statuses: Vec::new(),
+            conversation_id,
         },
         after_sequence: req.after_sequence,
         include_snapshot: req.include_snapshot,
@@ -500,6 +620,13 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
         bucket: a.bucket.to_string(),
+        conversation_id: a.conversation_id().to_string(),
+        continues_id: a
+            .continuation
+            .as_ref()
+            .map(|c| c.continues_id.to_string())
+            .unwrap_or_default(),
+        turn: a.turn(),
     }
 }
 
@@ -570,6 +697,14 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
                 )
             })?,
         attempt: a.attempt,
+        continuation: match a.continues_id.as_str() {
+            "" => None,
+            from => Some(Arc::new(Continuation {
+                conversation_id: id("agent.conversation_id", &a.conversation_id)?,
+                continues_id: id("agent.continues_id", from)?,
+                turn: a.turn,
+            })),
+        },
     })
 }
 
@@ -871,6 +1006,11 @@ mod tests {
             worker_id: Some(worker),
             trace_id: crate::scheduler::trace::TraceId::random(),
             attempt: 2,
+            continuation: Some(Arc::new(Continuation {
+                conversation_id: parent,
+                continues_id: parent,
+                turn: 3,
+            })),
         };
         let back = agent_from_pb(&agent_to_pb(&agent, created)).unwrap();
         assert_eq!(back, agent);

@@ -145,6 +145,19 @@ impl AgentService for AgentServiceImpl {
         Ok(Response::new(response))
     }
 
+    async fn get_transcript(
+        &self,
+        request: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
+        let scope = auth::scope_of(&auth::principal(&request));
+        let q = convert::parse_get_transcript(request.into_inner())?;
+        let page = self
+            .scheduler
+            .transcript(&scope, q.target, q.after, q.limit)
+            .await?;
+        Ok(Response::new(convert::transcript_to_pb(&page)))
+    }
+
     async fn r#await(
         &self,
         request: Request<pb::AwaitRequest>,

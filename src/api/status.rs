@@ -21,6 +21,14 @@ pub const REASON_UNKNOWN_AGENT_TYPE: &str = "UNKNOWN_AGENT_TYPE";
 pub const REASON_AGENT_NOT_FOUND: &str = "AGENT_NOT_FOUND";
 /// The agent already ended.
 pub const REASON_AGENT_FINISHED: &str = "AGENT_FINISHED";
+/// `continue_from` names a live agent.
+pub const REASON_AGENT_BUSY: &str = "AGENT_BUSY";
+/// `continue_from` names an agent that is not its conversation's latest.
+pub const REASON_NOT_LATEST: &str = "NOT_LATEST";
+/// The transcript is no longer retained.
+pub const REASON_CONVERSATION_EXPIRED: &str = "CONVERSATION_EXPIRED";
+/// The agent type sets `continuable = false`.
+pub const REASON_NOT_RESUMABLE: &str = "NOT_RESUMABLE";
 /// `max_background_agents` reached.
 pub const REASON_GLOBAL_LIMIT_REACHED: &str = "GLOBAL_LIMIT_REACHED";
 /// A tenant's `[tenants.NAME] max_background_agents` reached.
@@ -70,6 +78,10 @@ pub fn reason_of(err: &Error) -> &'static str {
         Error::UnknownAgentType { .. } => REASON_UNKNOWN_AGENT_TYPE,
         Error::NotFound { .. } => REASON_AGENT_NOT_FOUND,
         Error::AgentFinished { .. } => REASON_AGENT_FINISHED,
+        Error::AgentBusy { .. } => REASON_AGENT_BUSY,
+        Error::NotLatest { .. } => REASON_NOT_LATEST,
+        Error::ConversationExpired { .. } => REASON_CONVERSATION_EXPIRED,
+        Error::NotResumable { .. } => REASON_NOT_RESUMABLE,
         Error::GlobalLimit { .. } => REASON_GLOBAL_LIMIT_REACHED,
         Error::TenantLimit { .. } => REASON_TENANT_LIMIT_REACHED,
         Error::RateLimited { .. } => REASON_RATE_LIMITED,
@@ -138,6 +150,68 @@ impl From<Error> for Status {
                     "AGENT_FINISHED",
                     id.clone(),
                     "the agent has already ended",
+                );
+                Code::FailedPrecondition
+            }
+            Error::AgentBusy { id, status } => {
+                let status = crate::api::convert::status_to_pb(*status).as_str_name();
+                info(
+                    &mut d,
+                    REASON_AGENT_BUSY,
+                    &[("id", id.to_string()), ("status", status.to_owned())],
+                );
+                d.add_precondition_failure_violation(
+                    "AGENT_BUSY",
+                    id.to_string(),
+                    "the agent is still live: Steer, Approve or Await it",
+                );
+                Code::FailedPrecondition
+            }
+            Error::NotLatest {
+                id,
+                conversation_id,
+                latest,
+            } => {
+                info(
+                    &mut d,
+                    REASON_NOT_LATEST,
+                    &[
+                        ("id", id.to_string()),
+                        ("conversation_id", conversation_id.to_string()),
+                        ("latest_id", latest.to_string()),
+                    ],
+                );
+                d.add_precondition_failure_violation(
+                    "NOT_LATEST",
+                    id.to_string(),
+                    format!("a later agent continued the conversation; its latest is {latest}"),
+                );
+                Code::FailedPrecondition
+            }
+            Error::ConversationExpired { field, id } => {
+                info(
+                    &mut d,
+                    REASON_CONVERSATION_EXPIRED,
+                    &[("id", id.to_string()), ("field", (*field).to_owned())],
+                );
+                d.set_resource_info(
+                    "conversation",
+                    id.to_string(),
+                    "",
+                    "its transcript is no longer retained",
+                );
+                Code::NotFound
+            }
+            Error::NotResumable { id, agent_type } => {
+                info(
+                    &mut d,
+                    REASON_NOT_RESUMABLE,
+                    &[("id", id.to_string()), ("agent", agent_type.clone())],
+                );
+                d.add_precondition_failure_violation(
+                    "NOT_RESUMABLE",
+                    format!("agents.{agent_type}.continuable"),
+                    "the agent type takes no history",
                 );
                 Code::FailedPrecondition
             }

@@ -15,6 +15,7 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/subagents.v1.AgentService/Cancel", &[Frontend, Admin]),
     ("/subagents.v1.AgentService/Steer", &[Frontend]),
     ("/subagents.v1.AgentService/Approve", &[Approver, Admin]),
+    ("/subagents.v1.AgentService/GetTranscript", READERS),
     ("/subagents.v1.WorkerService/Connect", &[Worker]),
 ];
 
@@ -44,7 +45,7 @@ mod tests {
     fn roles_follow_the_contract() {
         let may = |path: &str, role: Role| roles_for(path).contains(&role);
         let agent = |m: &str| format!("/subagents.v1.AgentService/{m}");
-        for m in ["Status", "Await", "WatchAgents"] {
+        for m in ["Status", "Await", "WatchAgents", "GetTranscript"] {
             for role in [Viewer, Frontend, Approver, Admin] {
                 assert!(may(&agent(m), role), "{role:?} may {m}");
             }

@@ -133,12 +133,23 @@ type Client = AgentServiceClient<InterceptedService<Channel, Credential>>;
 /// Flags of `spawn` (SpawnRequest).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpawnArgs {
-    /// Agent type: a configured `[agents.NAME]`.
-    #[arg(long)]
-    pub agent: String,
-    /// Model as "provider/model", e.g. anthropic/claude-sonnet-4.
-    #[arg(long)]
-    pub model: String,
+    /// Agent type: a configured `[agents.NAME]`. Required unless
+    /// --continue-from is given (then: the continued agent's).
+    #[arg(long, required_unless_present = "continue_from")]
+    pub agent: Option<String>,
+    /// Model as "provider/model", e.g. anthropic/claude-sonnet-4. Required
+    /// unless --continue-from is given (then: the continued agent's).
+    #[arg(long, required_unless_present = "continue_from")]
+    pub model: Option<String>,
+    /// Continue the conversation of this finished agent: the new agent is
+    /// its next turn and its run sees the transcript so far. It inherits
+    /// the agent type, model, parent, lead and labels unless given here.
+    #[arg(long, value_name = "ID")]
+    pub continue_from: Option<String>,
+    /// With --continue-from: start a new conversation from a copy of the
+    /// history up to that agent, which need not be the latest turn.
+    #[arg(long, requires = "continue_from")]
+    pub fork: bool,
     /// Instructions for the run. Without --prompt or --prompt-file the prompt
     /// is read from stdin.
     #[arg(long, conflicts_with = "prompt_file")]
@@ -197,8 +208,8 @@ impl SpawnArgs {
     /// The SpawnRequest for these flags and an already resolved prompt.
     pub fn to_request(&self, prompt: String) -> pb::SpawnRequest {
         pb::SpawnRequest {
-            agent: self.agent.clone(),
-            model: self.model.clone(),
+            agent: self.agent.clone().unwrap_or_default(),
+            model: self.model.clone().unwrap_or_default(),
             prompt,
             description: self.description.clone().unwrap_or_default(),
             parent_id: self.parent_id.clone().unwrap_or_default(),
@@ -208,6 +219,8 @@ impl SpawnArgs {
             timeout: self.timeout,
             idempotency_key: self.idempotency_key.clone().unwrap_or_default(),
             detached: self.detached,
+            continue_from: self.continue_from.clone().unwrap_or_default(),
+            fork: self.fork,
         }
     }
 }
@@ -279,6 +292,9 @@ pub struct StatusArgs {
     /// tenant's; any other sees only its own).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only the agents (turns) of this conversation.
+    #[arg(long = "conversation", value_name = "ID")]
+    pub conversation_id: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -292,6 +308,7 @@ impl StatusArgs {
             root_id: self.root_id.clone().unwrap_or_default(),
             lead_id: self.lead_id.clone().unwrap_or_default(),
             tenant: self.tenant.clone().unwrap_or_default(),
+            conversation_id: self.conversation_id.clone().unwrap_or_default(),
             statuses: self
                 .statuses
                 .iter()
@@ -447,6 +464,9 @@ pub struct WatchArgs {
     /// Only agents of this tenant (as `status --tenant`).
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only the agents (turns) of this conversation.
+    #[arg(long = "conversation", value_name = "ID")]
+    pub conversation_id: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -463,6 +483,42 @@ impl WatchArgs {
             include_snapshot: self.snapshot,
             include_progress: self.progress,
             tenant: self.tenant.clone().unwrap_or_default(),
+            conversation_id: self.conversation_id.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Arguments of `transcript` (GetTranscriptRequest).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TranscriptArgs {
+    /// An agent id: the history up to and including that agent's turn.
+    /// With --conversation, a conversation id: all of it.
+    pub id: String,
+    /// ID is a conversation id (the id of the conversation's first agent)
+    /// rather than an agent id.
+    #[arg(long)]
+    pub conversation: bool,
+    /// Entries per request; every page is printed either way. Default
+    /// (server): 100, at most 1000.
+    #[arg(long, value_name = "N")]
+    pub page_size: Option<u32>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl TranscriptArgs {
+    /// The GetTranscriptRequest for the first page.
+    pub fn to_request(&self) -> pb::GetTranscriptRequest {
+        let (agent_id, conversation_id) = if self.conversation {
+            (String::new(), self.id.clone())
+        } else {
+            (self.id.clone(), String::new())
+        };
+        pb::GetTranscriptRequest {
+            agent_id,
+            conversation_id,
+            page_size: self.page_size.unwrap_or_default(),
+            page_token: String::new(),
         }
     }
 }
@@ -519,8 +575,11 @@ enum CliError {
     Tls(crate::tls::ClientTlsError),
     #[error("{0}")]
     Prompt(String),
-    #[error("status: the server returned next page token {0:?} twice; stopping")]
-    PageLoop(String),
+    #[error("{command}: the server returned next page token {token:?} twice; stopping")]
+    PageLoop {
+        command: &'static str,
+        token: String,
+    },
     #[error("writing output: {0}")]
     Output(#[from] io::Error),
 }
@@ -570,6 +629,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Steer(args) => steer(args).await,
         Command::Approve(args) => approve(args).await,
         Command::Watch(args) => watch(args).await,
+        Command::Transcript(args) => transcript(args).await,
     };
     match result {
         Ok(code) => Ok(code),
@@ -731,7 +791,10 @@ async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
         }
         // A server bug must not turn --all-pages into an endless loop.
         if next == request.page_token {
-            return Err(CliError::PageLoop(next));
+            return Err(CliError::PageLoop {
+                command: "status",
+                token: next,
+            });
         }
         request.page_token = next;
     }
@@ -816,6 +879,43 @@ async fn approve(args: ApproveArgs) -> Result<ExitCode, CliError> {
             ))?;
         }
         printer.agent(agent, false)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn transcript(args: TranscriptArgs) -> Result<ExitCode, CliError> {
+    let mut client = connect(&args.client).await?;
+    let printer = Printer::new(&args.client);
+    let mut request = args.to_request();
+    let mut printed = 0usize;
+    loop {
+        let response = client.get_transcript(request.clone()).await?.into_inner();
+        if printed == 0 && request.page_token.is_empty() {
+            printer.note(&format!("conversation {}", response.conversation_id))?;
+        }
+        for entry in &response.entries {
+            if printer.json {
+                printer.json_line(&output::transcript_entry_json(entry))?;
+            } else {
+                printer.text(&output::transcript_entry_human(entry))?;
+            }
+        }
+        printed += response.entries.len();
+        let next = response.next_page_token;
+        if next.is_empty() {
+            break;
+        }
+        // A server bug must not turn paging into an endless loop.
+        if next == request.page_token {
+            return Err(CliError::PageLoop {
+                command: "transcript",
+                token: next,
+            });
+        }
+        request.page_token = next;
+    }
+    if printed == 0 {
+        printer.note("no entries")?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -927,6 +1027,8 @@ mod tests {
                 }),
                 idempotency_key: "k".into(),
                 detached: true,
+                continue_from: String::new(),
+                fork: false,
             }
         );
     }
@@ -1049,6 +1151,7 @@ mod tests {
                 ],
                 page_size: 50,
                 page_token: "t".into(),
+                conversation_id: String::new(),
             }
         );
     }
@@ -1211,6 +1314,7 @@ mod tests {
                 after_sequence: 42,
                 include_snapshot: true,
                 include_progress: false,
+                conversation_id: String::new(),
             }
         );
     }

@@ -84,6 +84,21 @@ pub enum Command {
     /// event. If the stream breaks, the error says which --after-sequence
     /// resumes it without gaps.
     Watch(client::WatchArgs),
+    /// Print a conversation's transcript (GetTranscript), oldest entry
+    /// first: the history up to and including agent ID, or with
+    /// --conversation all of conversation ID. Every page is fetched.
+    ///
+    /// Prints `conversation <id>`, then one line per entry,
+    /// `turn <n>  <kind>  <agent id>  <text>`, kind one of prompt, steer,
+    /// tool-call (text: the tool name), result (the output of a turn that
+    /// ended done), failed or cancelled (of one that ended so), and elided
+    /// (older entries were removed; turn and agent id are `-`). Each further
+    /// line of a multi-line text follows indented by four spaces; a failed
+    /// or cancelled turn's error follows as `    error: <code>: <message>`.
+    ///
+    /// With --json prints one `{"kind": "TRANSCRIPT_ENTRY_KIND_…",
+    /// "agentId", "turn", "time", "text", "status", "error"}` per entry.
+    Transcript(client::TranscriptArgs),
     /// Manage API keys (no server needed).
     #[command(subcommand)]
     Keys(keys::KeysCommand),

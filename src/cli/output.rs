@@ -85,6 +85,43 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("attempt".into(), json!(agent.attempt));
     obj.insert("traceId".into(), json!(agent.trace_id));
     obj.insert("tenant".into(), json!(agent.tenant));
+    obj.insert("conversationId".into(), json!(agent.conversation_id));
+    obj.insert("continuesId".into(), json!(agent.continues_id));
+    obj.insert("turn".into(), json!(agent.turn));
+    Value::Object(obj)
+}
+
+/// Converts a transcript entry to the mapping of [`agent_json`]: every
+/// scalar present (`status` is `AGENT_STATUS_UNSPECIFIED` but on RESULT
+/// entries), `time` and `error` omitted when unset.
+pub(crate) fn transcript_entry_json(entry: &pb::TranscriptEntry) -> Value {
+    let mut obj = Map::new();
+    obj.insert(
+        "kind".into(),
+        enum_json(entry.kind, |v| {
+            pb::TranscriptEntryKind::try_from(v)
+                .ok()
+                .map(|k| k.as_str_name())
+        }),
+    );
+    obj.insert("agentId".into(), json!(entry.agent_id));
+    obj.insert("turn".into(), json!(entry.turn));
+    if let Some(time) = &entry.time {
+        obj.insert("time".into(), json!(time.to_string()));
+    }
+    obj.insert("text".into(), json!(entry.text));
+    obj.insert(
+        "status".into(),
+        enum_json(entry.status, |v| {
+            pb::AgentStatus::try_from(v).ok().map(|s| s.as_str_name())
+        }),
+    );
+    if let Some(error) = &entry.error {
+        obj.insert(
+            "error".into(),
+            json!({ "code": error.code, "message": error.message }),
+        );
+    }
     Value::Object(obj)
 }
 
@@ -195,6 +232,50 @@ pub(crate) fn event_human(event: &pb::WatchAgentsResponse) -> String {
     out
 }
 
+/// Width of the longest transcript entry kind ("tool-call", "cancelled").
+const ENTRY_KIND_WIDTH: usize = 9;
+
+/// Renders a transcript entry as `turn <n>  <kind>  <agent id>  <text>`:
+/// the text's further lines follow indented by four spaces, and a failed or
+/// cancelled turn's error as `    error: <code>: <message>`. A RESULT's kind
+/// is how the turn ended: `result` (done), `failed` or `cancelled`, as the
+/// `simulated` runner's `history` names them. ELIDED has no turn or agent,
+/// shown as `-`.
+pub(crate) fn transcript_entry_human(entry: &pb::TranscriptEntry) -> String {
+    let kind = match pb::TranscriptEntryKind::try_from(entry.kind) {
+        Ok(pb::TranscriptEntryKind::Unspecified) => "unspecified".to_owned(),
+        Ok(pb::TranscriptEntryKind::Prompt) => "prompt".to_owned(),
+        Ok(pb::TranscriptEntryKind::Steer) => "steer".to_owned(),
+        Ok(pb::TranscriptEntryKind::ToolCall) => "tool-call".to_owned(),
+        Ok(pb::TranscriptEntryKind::Result) => match pb::AgentStatus::try_from(entry.status) {
+            Ok(pb::AgentStatus::Done) => "result".to_owned(),
+            _ => status_word(entry.status),
+        },
+        Ok(pb::TranscriptEntryKind::Elided) => "elided".to_owned(),
+        Err(_) => format!("kind-{}", entry.kind),
+    };
+    let turn = match entry.turn {
+        0 => "-".to_owned(),
+        n => n.to_string(),
+    };
+    let agent = if entry.agent_id.is_empty() {
+        "-"
+    } else {
+        entry.agent_id.as_str()
+    };
+    let mut lines = entry.text.lines();
+    let first = lines.next().unwrap_or_default();
+    let head = format!("turn {turn}  {kind:<ENTRY_KIND_WIDTH$}  {agent}  {first}");
+    let mut out = format!("{}\n", head.trim_end());
+    for line in lines {
+        let _ = writeln!(out, "    {line}");
+    }
+    if let Some(error) = &entry.error {
+        let _ = writeln!(out, "    error: {}: {}", error.code, error.message);
+    }
+    out
+}
+
 /// Lower-case status name, matching the `--status` values of `status`.
 pub(crate) fn status_word(status: i32) -> String {
     match pb::AgentStatus::try_from(status) {
@@ -239,6 +320,18 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
     }
     if !agent.trace_id.is_empty() {
         let _ = writeln!(out, "  trace: {}", agent.trace_id);
+    }
+    // A conversation's first turn is the agent itself: nothing to say.
+    if agent.turn > 1 {
+        let _ = write!(
+            out,
+            "  conversation: {} (turn {}",
+            agent.conversation_id, agent.turn
+        );
+        if !agent.continues_id.is_empty() {
+            let _ = write!(out, ", continues {}", agent.continues_id);
+        }
+        out.push_str(")\n");
     }
     if !agent.tenant.is_empty() && agent.tenant != crate::scheduler::DEFAULT_TENANT {
         let _ = writeln!(out, "  tenant: {}", agent.tenant);
@@ -400,6 +493,9 @@ mod tests {
                 output_tokens: 25,
                 tool_calls: 4,
             }),
+            conversation_id: "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a".into(),
+            continues_id: String::new(),
+            turn: 1,
         }
     }
 
@@ -434,6 +530,9 @@ mod tests {
                 "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
                 "tenant": "team-a",
                 "totalUsage": {"inputTokens": 15, "outputTokens": 25, "toolCalls": 4},
+                "conversationId": "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a",
+                "continuesId": "",
+                "turn": 1,
             })
         );
     }

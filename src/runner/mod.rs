@@ -45,6 +45,9 @@ pub struct Run {
     /// The run's own credential (`SUBAGENTD_TOKEN` for a program), valid
     /// while the run lives; None when calls need none.
     pub credential: Option<Arc<str>>,
+    /// A continuation's history: the earlier turns of its conversation
+    /// (None for a conversation's first turn).
+    pub history: Option<Arc<crate::scheduler::conversation::History>>,
 }
 
 /// The built-in runners, by kind (the server's in-process ones, and what

@@ -1,6 +1,9 @@
 //! The `openai` runner: each run is a streamed chat completion on an
 //! OpenAI-compatible server (OpenAI, vLLM, Ollama, llama.cpp server, …).
 //!
+//! A continuation sends its conversation's earlier turns first (see
+//! [`history_messages`]), then its prompt.
+//!
 //! Each streamed delta is reported as output and the final completion's
 //! text is the result; token usage comes from the stream's usage chunk.
 //! Steer messages that arrive while a completion streams become the next
@@ -20,7 +23,10 @@ use serde_json::{json, Value};
 
 use super::{Run, RunOutcome, Runner};
 use crate::config::AgentTypeConfig;
-use crate::scheduler::{AgentError, Usage};
+use crate::scheduler::{
+    conversation::{EntryKind, History},
+    AgentError, Usage,
+};
 
 /// Requests per completion, retries included.
 pub const MAX_ATTEMPTS: u32 = 4;
@@ -77,6 +83,9 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
     if let Some(system) = &cfg.system_prompt {
         messages.push(json!({"role": "system", "content": system}));
     }
+    if let Some(history) = &run.history {
+        messages.extend(history_messages(history));
+    }
     messages.push(json!({"role": "user", "content": &*run.prompt}));
     loop {
         let text = request.complete(&messages, &run).await?;
@@ -90,6 +99,36 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
             return Ok(text);
         }
     }
+}
+
+/// A continuation's earlier turns as chat messages: prompts and steer
+/// messages are the user's, each turn's output the assistant's (a turn
+/// that ended with no output adds none). Tool calls are kept by name only,
+/// so they are not replayed. Elided entries are announced in a system
+/// message.
+pub fn history_messages(history: &History) -> Vec<Value> {
+    let mut messages = Vec::new();
+    if history.elided.entries > 0 || history.elided.bytes > 0 {
+        messages.push(json!({
+            "role": "system",
+            "content": format!(
+                "{} earlier entries of this conversation ({} bytes) were elided.",
+                history.elided.entries, history.elided.bytes
+            ),
+        }));
+    }
+    for (_, _, entry) in &history.entries {
+        match entry.kind {
+            EntryKind::Prompt | EntryKind::Steer => {
+                messages.push(json!({"role": "user", "content": &*entry.text}));
+            }
+            EntryKind::Result { .. } if !entry.text.is_empty() => {
+                messages.push(json!({"role": "assistant", "content": &*entry.text}));
+            }
+            EntryKind::Result { .. } | EntryKind::ToolCall => {}
+        }
+    }
+    messages
 }
 
 fn api_key(cfg: &AgentTypeConfig) -> Result<Option<String>, AgentError> {

@@ -13,6 +13,12 @@
 //!   arrived earlier (during a `sleep`, say) and has not satisfied an
 //!   earlier `wait_steer` counts, so it goes on at once; otherwise it waits
 //!   for the next one. Each `wait_steer` consumes one steer: two need two;
+//! - `history` appends the earlier turns of the agent's conversation (a
+//!   continuation's history), one line per transcript entry:
+//!   `turn <n> <kind>: <text>` with kind `prompt`, `steer`, `tool`,
+//!   `result` (or `failed`/`cancelled`), newlines in the text shown as
+//!   `\n`; first `elided: <notice>` when older entries were elided;
+//!   `history: none` on a conversation's first turn;
 //! - any other line is appended to the result as is.
 //!
 //! Each steer message received appends `steer: <message>` once, when it is
@@ -25,7 +31,10 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::{Run, RunOutcome, RunReporter, Runner};
-use crate::scheduler::{AgentError, Usage, CODE_RUN_FAILED};
+use crate::scheduler::{
+    conversation::{EntryKind, History},
+    AgentError, AgentStatus, Usage, CODE_RUN_FAILED,
+};
 
 /// See the module docs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -47,6 +56,7 @@ enum Directive<'a> {
     Approve(&'a str),
     Fail(&'a str),
     WaitSteer,
+    History,
     Text(&'a str),
 }
 
@@ -68,6 +78,7 @@ fn parse(line: &str) -> Directive<'_> {
         "approve" if !rest.is_empty() => Directive::Approve(rest),
         "fail" => Directive::Fail(rest),
         "wait_steer" if rest.is_empty() => Directive::WaitSteer,
+        "history" if rest.is_empty() => Directive::History,
         _ => Directive::Text(line),
     }
 }
@@ -77,6 +88,7 @@ async fn simulate(run: Run) -> RunOutcome {
         prompt,
         steer: mut inbox,
         reporter,
+        history,
         ..
     } = run;
     let has_directives = prompt
@@ -127,6 +139,11 @@ async fn simulate(run: Run) -> RunOutcome {
             Directive::Fail(message) => {
                 return Err(AgentError::new(CODE_RUN_FAILED, message));
             }
+            Directive::History => {
+                for line in history_lines(history.as_deref()) {
+                    script.emit(line);
+                }
+            }
             Directive::WaitSteer => {
                 if script.unmatched_steers == 0 {
                     match inbox.recv().await {
@@ -175,6 +192,35 @@ impl Transcript {
         self.emit(steer_line(msg));
         self.unmatched_steers += 1;
     }
+}
+
+/// What the `history` directive appends.
+fn history_lines(history: Option<&History>) -> Vec<String> {
+    let Some(h) = history else {
+        return vec!["history: none".to_owned()];
+    };
+    let mut lines = Vec::new();
+    if h.elided.entries > 0 || h.elided.bytes > 0 {
+        lines.push(format!(
+            "elided: {} entries, {} bytes",
+            h.elided.entries, h.elided.bytes
+        ));
+    }
+    for (_, turn, entry) in &h.entries {
+        let kind = match &entry.kind {
+            EntryKind::Prompt => "prompt",
+            EntryKind::Steer => "steer",
+            EntryKind::ToolCall => "tool",
+            EntryKind::Result { status, .. } => match status {
+                AgentStatus::Failed => "failed",
+                AgentStatus::Cancelled => "cancelled",
+                _ => "result",
+            },
+        };
+        let text = entry.text.replace('\n', "\\n");
+        lines.push(format!("turn {turn} {kind}: {text}"));
+    }
+    lines
 }
 
 fn steer_line(msg: &str) -> String {

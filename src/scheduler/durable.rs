@@ -9,6 +9,7 @@ use crate::config::RunnerKind;
 use uuid::Uuid;
 
 use super::{
+    conversation::{Conversation, ConversationId},
     events::Event,
     types::{AgentView, ApprovalOutcome},
     AgentId,
@@ -83,12 +84,21 @@ pub struct ChangeSet {
     pub events: Vec<Arc<Event>>,
     /// The log's counters after the change.
     pub position: LogPosition,
+    /// Conversations whose transcript changed: each whole, as it is now
+    /// (one entry per conversation).
+    pub conversations: Vec<Conversation>,
+    /// Conversations retention removed.
+    pub conversations_removed: Vec<ConversationId>,
 }
 
 impl ChangeSet {
     /// Whether there is nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.agents.is_empty() && self.removed.is_empty() && self.events.is_empty()
+        self.agents.is_empty()
+            && self.removed.is_empty()
+            && self.events.is_empty()
+            && self.conversations.is_empty()
+            && self.conversations_removed.is_empty()
     }
 }
 
@@ -101,4 +111,7 @@ pub struct Recovered {
     pub events: Vec<Event>,
     /// The log's counters as last committed.
     pub position: LogPosition,
+    /// Every retained conversation as last written (a live agent's own
+    /// turn may be missing: it is written when the turn ends).
+    pub conversations: Vec<Conversation>,
 }

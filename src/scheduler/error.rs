@@ -56,6 +56,42 @@ pub enum Error {
         /// Its terminal status.
         status: AgentStatus,
     },
+    /// `continue_from` names a live agent: it cannot be continued yet.
+    #[error("agent {id} is still live ({status:?}): only a finished agent can be continued; send it a message with Steer, decide its approval with Approve, or wait for it with Await and continue it then")]
+    AgentBusy {
+        /// The agent.
+        id: AgentId,
+        /// Its live status.
+        status: AgentStatus,
+    },
+    /// `continue_from` names an agent a later agent already continued.
+    #[error("agent {id} is not the latest agent of conversation {conversation_id}: continue its latest agent {latest}, or set fork to branch from {id}")]
+    NotLatest {
+        /// The agent named.
+        id: AgentId,
+        /// Its conversation.
+        conversation_id: AgentId,
+        /// The conversation's latest agent.
+        latest: AgentId,
+    },
+    /// The transcript of the agent `continue_from` or GetTranscript names
+    /// is no longer retained.
+    #[error("the conversation of {id} is not retained (field `{field}`): transcripts are kept for [conversations] retention after their latest agent ends")]
+    ConversationExpired {
+        /// Request field that named it.
+        field: &'static str,
+        /// The id as given.
+        id: AgentId,
+    },
+    /// The agent type of the agent to continue, or of the continuation,
+    /// takes no history.
+    #[error("agent type \"{agent_type}\" sets continuable = false: agent {id} cannot be continued or forked")]
+    NotResumable {
+        /// The agent named.
+        id: AgentId,
+        /// The type that takes no history.
+        agent_type: String,
+    },
     /// `max_background_agents` reached.
     #[error("global limit reached: {live} of {limit} background agents are live (queued, running or awaiting approval); wait for one to finish, cancel one, or raise [limits] max_background_agents")]
     GlobalLimit {

@@ -633,6 +633,7 @@ mod tests {
             worker_id: None,
             trace_id: TraceId::random(),
             attempt: 1,
+            continuation: None,
         }
     }
 

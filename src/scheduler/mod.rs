@@ -4,6 +4,7 @@
 //! cloneable handle the API uses. It locks the core for one method call at a
 //! time (never across an `.await`), then starts the runs the core admitted.
 
+pub mod conversation;
 pub mod core;
 pub mod durable;
 pub mod error;
@@ -103,6 +104,7 @@ impl Scheduler {
             config.agents.clone(),
         );
         core.set_tenant_limits(config.tenants.clone());
+        core.set_conversations(config.conversations);
         Self {
             shared: Arc::new(Shared {
                 core: Mutex::new(core),
@@ -358,6 +360,7 @@ impl Scheduler {
             agent_type,
             traceparent: start.traceparent,
             credential: credential.as_ref().map(|c| c.token().clone()),
+            history: start.history,
         };
         let outcome = tokio::select! {
             biased;
@@ -482,6 +485,21 @@ impl Scheduler {
         let views = self.status_now(scope, ids, field)?;
         self.durable_now().await?;
         Ok(views)
+    }
+
+    /// A page of a transcript visible in `scope` (see
+    /// [`Core::transcript`]), once what it shows is durable.
+    pub async fn transcript(
+        &self,
+        scope: &Scope,
+        target: conversation::TranscriptOf,
+        after: usize,
+        limit: usize,
+    ) -> Result<conversation::TranscriptPage, Error> {
+        let page =
+            self.inspect(|c| c.transcript(scope, target, after, limit, SystemTime::now()))?;
+        self.durable_now().await?;
+        Ok(page)
     }
 
     fn status_now(
@@ -704,6 +722,7 @@ impl Scheduler {
     pub fn reconfigure(&self, config: &Config) {
         self.with_core(|c| {
             c.set_tenant_limits(config.tenants.clone());
+            c.set_conversations(config.conversations);
             c.reconfigure(
                 config.limits.clone(),
                 config.runs.clone(),

@@ -210,9 +210,36 @@ pub struct AgentView {
     /// Which run this is: 1 for the first, + 1 per retry after a lost
     /// worker; 0 before the first start.
     pub attempt: u32,
+    /// Set on a continuation or fork: its place in its conversation. None:
+    /// the first turn of the conversation its own id names (most agents;
+    /// shared and boxed so they pay one word).
+    pub continuation: Option<Arc<Continuation>>,
+}
+
+/// A continuation's or fork's place in its conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    /// The conversation: its first agent's id (a fork's own id).
+    pub conversation_id: AgentId,
+    /// The agent it continues or forked from.
+    pub continues_id: AgentId,
+    /// Its turn: the continued agent's + 1.
+    pub turn: u32,
 }
 
 impl AgentView {
+    /// The conversation the agent is a turn of.
+    pub fn conversation_id(&self) -> AgentId {
+        self.continuation
+            .as_ref()
+            .map_or(self.id, |c| c.conversation_id)
+    }
+
+    /// Its turn in that conversation (1 for the first).
+    pub fn turn(&self) -> u32 {
+        self.continuation.as_ref().map_or(1, |c| c.turn)
+    }
+
     /// Running time so far, or in total once finished; zero if never started.
     pub fn elapsed(&self, now: SystemTime) -> Duration {
         match self.started_at {
@@ -257,6 +284,11 @@ pub struct SpawnSpec {
     pub detached: bool,
     /// The trace context the Spawn call carried and its RPC span.
     pub trace: super::trace::SpawnTrace,
+    /// Continue this finished agent's conversation (`agent` and `model`
+    /// may then be empty: inherited).
+    pub continue_from: Option<AgentId>,
+    /// With `continue_from`: a new conversation from a copy of the history.
+    pub fork: bool,
 }
 
 /// Filters of Status and WatchAgents; unset fields match everything.
@@ -275,6 +307,8 @@ pub struct AgentFilter {
     pub lead_id: Option<String>,
     /// Agents in one of these states (empty = any).
     pub statuses: Vec<AgentStatus>,
+    /// Turns of this conversation.
+    pub conversation_id: Option<AgentId>,
 }
 
 impl AgentFilter {
@@ -289,6 +323,9 @@ impl AgentFilter {
                 .as_deref()
                 .is_none_or(|l| a.lead_id.as_deref() == Some(l))
             && (self.statuses.is_empty() || self.statuses.contains(&a.status))
+            && self
+                .conversation_id
+                .is_none_or(|c| a.conversation_id() == c)
     }
 }
 

@@ -20,6 +20,7 @@ pub const FILE_NAME: &str = "subagentd.redb";
 const AGENTS: TableDefinition<u128, &[u8]> = TableDefinition::new("agents");
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const CONVERSATIONS: TableDefinition<u128, &[u8]> = TableDefinition::new("conversations");
 
 const SCHEMA: &str = "schema_version";
 const LAST_SEQUENCE: &str = "last_sequence";
@@ -28,7 +29,7 @@ const NEXT_ADMISSION: &str = "next_admission";
 
 /// Migrations from each older schema version to the next: entry `i`
 /// upgrades version `i + 1` to `i + 2`.
-const MIGRATIONS: &[Migration] = &[v1_to_v2, v2_to_v3];
+const MIGRATIONS: &[Migration] = &[v1_to_v2, v2_to_v3, v3_to_v4];
 // One per version step, or a store of the missing step's version would be
 // recorded as current without its migration.
 const _: () = assert!(MIGRATIONS.len() == SCHEMA_VERSION as usize - 1);
@@ -45,6 +46,12 @@ fn v1_to_v2(_: &WriteTransaction) -> Result<(), redb::Error> {
 
 /// Version 3 added the PostgreSQL leader lease: nothing here.
 fn v2_to_v3(_: &WriteTransaction) -> Result<(), redb::Error> {
+    Ok(())
+}
+
+/// Version 4 added the `conversations` table, which `prepare` opens (and
+/// so creates) in every version: older agent rows need no rewrite.
+fn v3_to_v4(_: &WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
@@ -102,6 +109,7 @@ impl EmbeddedStore {
         };
         tx.open_table(AGENTS).map_err(engine)?;
         tx.open_table(EVENTS).map_err(engine)?;
+        tx.open_table(CONVERSATIONS).map_err(engine)?;
         if let Some(found) = found {
             let found = u32::try_from(found).unwrap_or(u32::MAX);
             if found > SCHEMA_VERSION {
@@ -150,6 +158,14 @@ impl Store for EmbeddedStore {
                 }
                 .map_err(engine)?;
             }
+            let mut conversations = tx.open_table(CONVERSATIONS).map_err(engine)?;
+            for (id, row) in &batch.conversations {
+                match row {
+                    Some(row) => conversations.insert(id.as_u128(), row.as_slice()),
+                    None => conversations.remove(id.as_u128()).map(|_| None),
+                }
+                .map_err(engine)?;
+            }
             let mut events = tx.open_table(EVENTS).map_err(engine)?;
             for (seq, row) in &batch.events {
                 events.insert(*seq, row.as_slice()).map_err(engine)?;
@@ -189,6 +205,14 @@ impl Store for EmbeddedStore {
             .map(|row| row.map(|(k, v)| (k.value(), v.value().to_vec())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(engine)?;
+        let conversations = tx
+            .open_table(CONVERSATIONS)
+            .map_err(engine)?
+            .iter()
+            .map_err(engine)?
+            .map(|row| row.map(|(_, v)| v.value().to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(engine)?;
         let meta = tx.open_table(META).map_err(engine)?;
         let get = |key| -> Result<u64, StoreError> {
             Ok(meta.get(key).map_err(engine)?.map_or(0, |v| v.value()))
@@ -201,6 +225,7 @@ impl Store for EmbeddedStore {
                 evicted_through: get(EVICTED_THROUGH)?,
                 next_admission: get(NEXT_ADMISSION)?,
             },
+            conversations,
         })
     }
 

@@ -22,6 +22,7 @@ use crate::scheduler::durable::LogPosition;
 struct Committed {
     agents: BTreeMap<u128, Vec<u8>>,
     events: BTreeMap<u64, Vec<u8>>,
+    conversations: BTreeMap<u128, Vec<u8>>,
     position: LogPosition,
     commits: usize,
 }
@@ -54,6 +55,12 @@ impl Store for MemoryStore {
                 None => c.agents.remove(&id.as_u128()),
             };
         }
+        for (id, row) in &batch.conversations {
+            match row {
+                Some(row) => c.conversations.insert(id.as_u128(), row.clone()),
+                None => c.conversations.remove(&id.as_u128()),
+            };
+        }
         for (seq, row) in &batch.events {
             c.events.insert(*seq, row.clone());
         }
@@ -70,6 +77,7 @@ impl Store for MemoryStore {
             agents: c.agents.values().cloned().collect(),
             events: c.events.iter().map(|(s, r)| (*s, r.clone())).collect(),
             position: c.position,
+            conversations: c.conversations.values().cloned().collect(),
         })
     }
 
@@ -126,11 +134,17 @@ impl Store for FailingStore {
 pub(crate) mod tests {
     use std::sync::Arc;
 
+    use std::time::{Duration, SystemTime};
+
+    use uuid::Uuid;
+
     use super::*;
     use crate::{
         scheduler::{
+            conversation::{Conversation, Conversations, EntryKind, Inherited},
             durable::{AgentState, ChangeSet},
             events::{Event, EventKind},
+            AgentError, AgentStatus,
         },
         store::rows::tests::full_state,
     };
@@ -142,6 +156,46 @@ pub(crate) mod tests {
             state.view.clone(),
             state.view.created_at,
         ))
+    }
+
+    /// A conversation of two turns, the second a continuation of the
+    /// first, with an id from `n`.
+    fn conversation(n: u128) -> Conversation {
+        let first = Uuid::from_u128(n << 64);
+        let second = Uuid::from_u128((n << 64) + 1);
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut all = Conversations::new(Duration::from_secs(60), 1 << 20);
+        all.track_changes();
+        let inherited = Inherited {
+            agent: "simulated".into(),
+            model: "p/m".into(),
+            parent_id: None,
+            lead_id: Some("lead".into()),
+            labels: Default::default(),
+        };
+        all.begin(first, "t".into(), inherited.clone(), "first".into(), at);
+        all.record(first, EntryKind::Steer, "more".into(), at);
+        all.end(first, AgentStatus::Done, None, "one".into(), at);
+        let from = all.continuable("t", first, false).unwrap().from;
+        all.continue_with(from, second, inherited, "second".into(), at);
+        all.set_session(second, "session-1".into());
+        all.end(
+            second,
+            AgentStatus::Failed,
+            Some(AgentError {
+                code: "TIMEOUT".into(),
+                message: "slow".into(),
+            }),
+            "partial".into(),
+            at,
+        );
+        all.take_changes().0.remove(0)
+    }
+
+    fn conversation_changed(n: u128) -> Conversation {
+        let mut c = conversation(n);
+        c.turns[1].entries.pop();
+        c
     }
 
     fn commit(store: &mut dyn Store, changes: ChangeSet) {
@@ -171,6 +225,8 @@ pub(crate) mod tests {
                         evicted_through: 0,
                         next_admission: 3,
                     },
+                    conversations: vec![conversation(1), conversation(2)],
+                    conversations_removed: vec![],
                 },
             );
         }
@@ -182,6 +238,7 @@ pub(crate) mod tests {
         );
         assert_eq!(got.events[1].agent, b.view);
         assert_eq!(got.position.next_admission, 3);
+        assert_eq!(got.conversations, vec![conversation(1), conversation(2)]);
 
         let mut a2 = a.clone();
         a2.view.result = "changed".into();
@@ -199,6 +256,8 @@ pub(crate) mod tests {
                     removed: vec![b.view.id],
                     events: vec![event(3, &c), event(4, &a2), event(5, &c)],
                     position,
+                    conversations: vec![conversation_changed(2)],
+                    conversations_removed: vec![conversation(1).id],
                 },
             );
         }
@@ -210,6 +269,11 @@ pub(crate) mod tests {
             "events up to evicted_through are gone"
         );
         assert_eq!(got.position, position);
+        assert_eq!(
+            got.conversations,
+            vec![conversation_changed(2)],
+            "a conversation is rewritten whole and a removed one is gone"
+        );
 
         // Evictions by one handle, commit after commit (an engine may
         // remember where the previous one ended).
@@ -261,6 +325,7 @@ pub(crate) mod tests {
                 events: vec![event(1, &a)],
                 removed: vec![],
                 position,
+                ..Default::default()
             },
         );
         set_version(1);

@@ -7,7 +7,8 @@
 //! store's [`Contents`] and decodes them into a [`Recovered`] state.
 //!
 //! Engines only move bytes: the `agents` table (id → encoded row), the
-//! `events` table (sequence → encoded event, trimmed to the watch history)
+//! `events` table (sequence → encoded event, trimmed to the watch history),
+//! the `conversations` table (id → encoded conversation, written whole)
 //! and a few counters. The encoding lives in [`rows`], once for every engine.
 
 pub mod embedded;
@@ -24,6 +25,7 @@ use std::{
 
 use crate::config::{StoreBackend, StoreConfig};
 use crate::scheduler::{
+    conversation::ConversationId,
     durable::{ChangeSet, LogPosition, Recovered},
     AgentId,
 };
@@ -42,7 +44,14 @@ use crate::scheduler::{
 ///   store is unchanged (it is single-server). A version 2 server would
 ///   ignore the lease and schedule beside the leader, so it must refuse
 ///   the database.
-pub const SCHEMA_VERSION: u32 = 3;
+/// - 4: conversations: a `conversations` table (id → the conversation's
+///   transcript and what its continuations inherit), and an agent row's
+///   view may say which conversation and turn a continuation is. The
+///   migration creates the table; older rows need no rewrite (an absent
+///   continuation is the first turn of the conversation the agent's id
+///   names). A version 3 server would ignore the transcripts, and its
+///   retention would never remove them, so it must refuse the store.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Why a store could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -112,21 +121,35 @@ pub struct Batch {
     /// The counters after the batch; events up to `evicted_through` are
     /// deleted.
     pub position: LogPosition,
+    /// Each changed conversation once: its row as of the latest change
+    /// set, or None when retention removed it.
+    pub conversations: Vec<(ConversationId, Option<Vec<u8>>)>,
     /// How many change sets went into it (for the group-commit figures).
     pub change_sets: usize,
     /// Where each agent is in `agents`.
     index: HashMap<AgentId, usize>,
+    /// Where each conversation is in `conversations`.
+    conversation_index: HashMap<ConversationId, usize>,
 }
 
 impl Batch {
-    /// Adds a change set. Later ones win: an agent changed in two change
-    /// sets is written once, as it is after the second.
+    /// Adds a change set. Later ones win: an agent (or a conversation)
+    /// changed in two change sets is written once, as it is after the
+    /// second.
     pub fn add(&mut self, changes: &ChangeSet) {
         for state in &changes.agents {
-            self.put(state.view.id, Some(rows::encode_agent(state)));
+            let row = Some(rows::encode_agent(state));
+            latest(&mut self.agents, &mut self.index, state.view.id, row);
         }
         for id in &changes.removed {
-            self.put(*id, None);
+            latest(&mut self.agents, &mut self.index, *id, None);
+        }
+        let (list, index) = (&mut self.conversations, &mut self.conversation_index);
+        for c in &changes.conversations {
+            latest(list, index, c.id, Some(rows::encode_conversation(c)));
+        }
+        for id in &changes.conversations_removed {
+            latest(list, index, *id, None);
         }
         self.events.extend(
             changes
@@ -138,19 +161,26 @@ impl Batch {
         self.change_sets += 1;
     }
 
-    fn put(&mut self, id: AgentId, row: Option<Vec<u8>>) {
-        match self.index.entry(id) {
-            Entry::Occupied(at) => self.agents[*at.get()].1 = row,
-            Entry::Vacant(slot) => {
-                slot.insert(self.agents.len());
-                self.agents.push((id, row));
-            }
-        }
-    }
-
     /// Whether the batch writes nothing.
     pub fn is_empty(&self) -> bool {
         self.change_sets == 0
+    }
+}
+
+/// Sets `id`'s row in `rows` (found through `index`), replacing the one an
+/// earlier change set of the batch put there.
+fn latest(
+    rows: &mut Vec<(uuid::Uuid, Option<Vec<u8>>)>,
+    index: &mut HashMap<uuid::Uuid, usize>,
+    id: uuid::Uuid,
+    row: Option<Vec<u8>>,
+) {
+    match index.entry(id) {
+        Entry::Occupied(at) => rows[*at.get()].1 = row,
+        Entry::Vacant(slot) => {
+            slot.insert(rows.len());
+            rows.push((id, row));
+        }
     }
 }
 
@@ -163,10 +193,13 @@ pub struct Contents {
     pub events: Vec<(u64, Vec<u8>)>,
     /// The counters as last committed.
     pub position: LogPosition,
+    /// Every `conversations` row.
+    pub conversations: Vec<Vec<u8>>,
 }
 
 impl Contents {
-    /// Decodes everything; agents come back in admission order.
+    /// Decodes everything; agents come back in admission order,
+    /// conversations in id order.
     pub fn decode(self) -> Result<Recovered, StoreError> {
         let mut agents = self
             .agents
@@ -179,10 +212,17 @@ impl Contents {
             .iter()
             .map(|(seq, row)| rows::decode_event(*seq, row))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut conversations = self
+            .conversations
+            .iter()
+            .map(|row| rows::decode_conversation(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        conversations.sort_unstable_by_key(|c| c.id);
         Ok(Recovered {
             agents,
             events,
             position: self.position,
+            conversations,
         })
     }
 }

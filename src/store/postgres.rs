@@ -1,9 +1,10 @@
-//! The PostgreSQL store: four tables in a database of the operator's.
+//! The PostgreSQL store: five tables in a database of the operator's.
 //!
 //! The engine moves the same encoded rows as the embedded one:
 //! `subagentd_agents` (id → row, plus its admission sequence so that a load
 //! comes back in admission order), `subagentd_events` (sequence → row) and
-//! `subagentd_meta` (the counters and the schema version), and the leader
+//! `subagentd_meta` (the counters and the schema version),
+//! `subagentd_conversations` (id → transcript row), and the leader
 //! lease `subagentd_lease` ([`super::lease`]). A commit is one
 //! transaction, a handful of pipelined statements whatever its size:
 //! multi-row writes go through `UNNEST` of array parameters, so a batch of
@@ -18,7 +19,7 @@
 use std::{fmt, future::Future, path::Path, str::FromStr, time::Duration};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use futures_util::future::{try_join3, try_join_all};
+use futures_util::future::{try_join4, try_join_all};
 use tokio::runtime::Runtime;
 use tokio_postgres::{types::ToSql, IsolationLevel, NoTls, Statement};
 use uuid::Uuid;
@@ -74,6 +75,10 @@ const CREATE_TABLES: &str = "
     CREATE TABLE IF NOT EXISTS subagentd_meta (
         key text PRIMARY KEY,
         value bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS subagentd_conversations (
+        id uuid PRIMARY KEY,
+        row bytea NOT NULL
     );";
 
 /// Migrations from each older schema version to the next: entry `i`
@@ -85,6 +90,9 @@ const MIGRATIONS: &[&str] = &[
     "",
     // 2 → 3: the leader lease, whose table `prepare` creates with the
     // others in every version.
+    "",
+    // 3 → 4: the conversations table, which `prepare` creates with the
+    // others; older agent rows need no rewrite.
     "",
 ];
 // One per version step, or a database of the missing step's version would
@@ -113,6 +121,10 @@ const INSERT_EVENTS: &str = "INSERT INTO subagentd_events (seq, row) \
 // under it are gone, but until vacuum their dead index entries are not,
 // and an unbounded `seq <= $2` would walk all of them on every commit.
 const EVICT_EVENTS: &str = "DELETE FROM subagentd_events WHERE seq > $1 AND seq <= $2";
+const UPSERT_CONVERSATIONS: &str = "INSERT INTO subagentd_conversations (id, row) \
+     SELECT * FROM UNNEST($1::uuid[], $2::bytea[]) \
+     ON CONFLICT (id) DO UPDATE SET row = EXCLUDED.row";
+const DELETE_CONVERSATIONS: &str = "DELETE FROM subagentd_conversations WHERE id = ANY($1::uuid[])";
 
 /// The lease's epoch, locked against a take-over until this commit ends:
 /// a standby's take-over waits for the commit, and a commit after the
@@ -122,6 +134,7 @@ const FENCE: &str = "SELECT epoch FROM subagentd_lease WHERE id = 1 FOR SHARE";
 const LOAD_AGENTS: &str = "SELECT row FROM subagentd_agents ORDER BY seq";
 const LOAD_EVENTS: &str = "SELECT seq, row FROM subagentd_events ORDER BY seq";
 const LOAD_META: &str = "SELECT key, value FROM subagentd_meta";
+const LOAD_CONVERSATIONS: &str = "SELECT row FROM subagentd_conversations";
 
 /// An open PostgreSQL store; holds the database's advisory lock until
 /// dropped.
@@ -351,6 +364,18 @@ impl Store for PostgresStore {
                 None => removed.push(*id),
             }
         }
+        let mut conversation_ids: Vec<Uuid> = Vec::new();
+        let mut conversation_rows: Vec<&[u8]> = Vec::new();
+        let mut conversations_removed: Vec<Uuid> = Vec::new();
+        for (id, row) in &batch.conversations {
+            match row {
+                Some(row) => {
+                    conversation_ids.push(*id);
+                    conversation_rows.push(row);
+                }
+                None => conversations_removed.push(*id),
+            }
+        }
         let event_seqs = batch
             .events
             .iter()
@@ -372,7 +397,7 @@ impl Store for PostgresStore {
             let mut client = self.pool.get().await.or_engine(w)?;
             let tx = client.transaction().await.or_engine(w)?;
             // Prepared once per pooled connection, then cached.
-            let mut prepared = Vec::with_capacity(6);
+            let mut prepared = Vec::with_capacity(8);
             for sql in [
                 SYNCHRONOUS_COMMIT,
                 UPSERT_AGENTS,
@@ -380,16 +405,20 @@ impl Store for PostgresStore {
                 INSERT_EVENTS,
                 EVICT_EVENTS,
                 PUT_META,
+                UPSERT_CONVERSATIONS,
+                DELETE_CONVERSATIONS,
             ] {
                 prepared.push(tx.prepare_cached(sql).await.or_engine(w)?);
             }
-            let params: [&[&(dyn ToSql + Sync)]; 6] = [
+            let params: [&[&(dyn ToSql + Sync)]; 8] = [
                 &[],
                 &[&ids, &seqs, &agent_rows],
                 &[&removed],
                 &[&event_seqs, &event_rows],
                 &[&evicted_before, &evicted_through],
                 &[&keys, &values],
+                &[&conversation_ids, &conversation_rows],
+                &[&conversations_removed],
             ];
             // In this order, as in the embedded store: events of this
             // batch up to `evicted_through` are deleted too. Pipelined:
@@ -447,15 +476,17 @@ impl Store for PostgresStore {
                 .start()
                 .await
                 .or_engine(w)?;
-            let statements: [Statement; 3] = [
+            let statements: [Statement; 4] = [
                 tx.prepare_cached(LOAD_AGENTS).await.or_engine(w)?,
                 tx.prepare_cached(LOAD_EVENTS).await.or_engine(w)?,
                 tx.prepare_cached(LOAD_META).await.or_engine(w)?,
+                tx.prepare_cached(LOAD_CONVERSATIONS).await.or_engine(w)?,
             ];
-            let (agents, events, meta) = try_join3(
+            let (agents, events, meta, conversations) = try_join4(
                 tx.query(&statements[0], &[]),
                 tx.query(&statements[1], &[]),
                 tx.query(&statements[2], &[]),
+                tx.query(&statements[3], &[]),
             )
             .await
             .or_engine(w)?;
@@ -486,10 +517,15 @@ impl Store for PostgresStore {
                     _ => {}
                 }
             }
+            let conversations = conversations
+                .iter()
+                .map(|row| row.try_get::<_, Vec<u8>>(0).map_err(corrupt))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(Contents {
                 agents,
                 events,
                 position,
+                conversations,
             })
         })
     }
@@ -1069,8 +1105,27 @@ mod tests {
         .unwrap();
         assert!(admin(&db.url, "SELECT 1 FROM subagentd_lease").is_err());
         drop(open(&db.url).unwrap());
-        assert_eq!(schema_version(&db.url), 3);
+        assert_eq!(schema_version(&db.url), u64::from(SCHEMA_VERSION));
         admin(&db.url, "SELECT 1 FROM subagentd_lease").unwrap();
+    }
+
+    #[test]
+    fn a_version_3_database_gains_the_conversations_table() {
+        let Some(db) = TestDb::create() else { return };
+        drop(open(&db.url).unwrap());
+        admin(
+            &db.url,
+            &format!(
+                "DROP TABLE subagentd_conversations; \
+                 UPDATE subagentd_meta SET value = 3 WHERE key = '{SCHEMA}'"
+            ),
+        )
+        .unwrap();
+        assert!(admin(&db.url, "SELECT 1 FROM subagentd_conversations").is_err());
+        let mut store = open(&db.url).unwrap();
+        assert_eq!(schema_version(&db.url), 4);
+        admin(&db.url, "SELECT 1 FROM subagentd_conversations").unwrap();
+        assert!(store.load().unwrap().conversations.is_empty());
     }
 
     #[test]

@@ -19,10 +19,11 @@ use uuid::Uuid;
 use crate::{
     config::RunnerKind,
     scheduler::{
+        conversation::{Conversation, Elided, Entry, EntryKind, Inherited, Turn},
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Usage,
+        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Continuation, Usage,
     },
 };
 
@@ -82,6 +83,14 @@ pub(super) struct ViewRow {
     /// to the tenant of a server without authentication.
     #[prost(string, tag = "25")]
     tenant: String,
+    /// Since schema 4, with the two below: set on a continuation or fork
+    /// (`AgentView::continuation`), absent on every other agent.
+    #[prost(bytes = "vec", optional, tag = "26")]
+    conversation_id: Option<Vec<u8>>,
+    #[prost(bytes = "vec", optional, tag = "27")]
+    continues_id: Option<Vec<u8>>,
+    #[prost(uint32, tag = "28")]
+    turn: u32,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -165,6 +174,186 @@ pub(super) struct EventRow {
     at: i64,
     #[prost(message, optional, tag = "3")]
     view: Option<ViewRow>,
+}
+
+/// One row of the `conversations` table (keyed by its id). Since schema 4.
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct ConversationRow {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+    #[prost(string, tag = "2")]
+    tenant: String,
+    #[prost(message, repeated, tag = "3")]
+    turns: Vec<TurnRow>,
+    #[prost(uint64, tag = "4")]
+    elided_entries: u64,
+    #[prost(uint64, tag = "5")]
+    elided_bytes: u64,
+    #[prost(int64, optional, tag = "6")]
+    elided_at: Option<i64>,
+}
+
+/// One turn of a conversation.
+#[derive(Clone, PartialEq, Message)]
+struct TurnRow {
+    #[prost(bytes = "vec", tag = "1")]
+    agent_id: Vec<u8>,
+    #[prost(bool, tag = "2")]
+    copied: bool,
+    #[prost(string, tag = "3")]
+    agent: String,
+    #[prost(string, tag = "4")]
+    model: String,
+    #[prost(bytes = "vec", optional, tag = "5")]
+    parent_id: Option<Vec<u8>>,
+    #[prost(string, optional, tag = "6")]
+    lead_id: Option<String>,
+    #[prost(btree_map = "string, string", tag = "7")]
+    labels: BTreeMap<String, String>,
+    #[prost(string, optional, tag = "8")]
+    session: Option<String>,
+    /// Set once the turn ended, with `ended_status` (a [`status_code`]).
+    #[prost(int64, optional, tag = "9")]
+    ended_at: Option<i64>,
+    #[prost(uint32, tag = "10")]
+    ended_status: u32,
+    #[prost(message, repeated, tag = "11")]
+    entries: Vec<EntryRow>,
+}
+
+/// One transcript entry.
+#[derive(Clone, PartialEq, Message)]
+struct EntryRow {
+    /// An [`entry_code`].
+    #[prost(uint32, tag = "1")]
+    kind: u32,
+    #[prost(int64, tag = "2")]
+    at: i64,
+    #[prost(string, tag = "3")]
+    text: String,
+    /// A result's [`status_code`]; 0 for other kinds.
+    #[prost(uint32, tag = "4")]
+    status: u32,
+    /// A result's error.
+    #[prost(message, optional, tag = "5")]
+    error: Option<ErrorRow>,
+}
+
+/// Encodes a conversation as its `conversations` row.
+pub(super) fn encode_conversation(c: &Conversation) -> Vec<u8> {
+    ConversationRow {
+        id: c.id.as_bytes().to_vec(),
+        tenant: c.tenant.to_string(),
+        turns: c.turns.iter().map(turn_row).collect(),
+        elided_entries: c.elided.entries,
+        elided_bytes: c.elided.bytes,
+        elided_at: c.elided.at.map(nanos),
+    }
+    .encode_to_vec()
+}
+
+/// Decodes a `conversations` row.
+pub(super) fn decode_conversation(bytes: &[u8]) -> Result<Conversation, StoreError> {
+    let row = ConversationRow::decode(bytes).map_err(|e| corrupt("conversation row", e))?;
+    if row.turns.is_empty() {
+        // Every conversation has a turn (`Conversation::latest` relies on it).
+        return Err(corrupt("conversation row", "no turns"));
+    }
+    Ok(Conversation {
+        id: uuid_of(&row.id)?,
+        tenant: row.tenant.into(),
+        turns: row
+            .turns
+            .into_iter()
+            .map(turn_of)
+            .collect::<Result<_, _>>()?,
+        elided: Elided {
+            entries: row.elided_entries,
+            bytes: row.elided_bytes,
+            at: row.elided_at.map(time_of),
+        },
+    })
+}
+
+fn turn_row(t: &Turn) -> TurnRow {
+    TurnRow {
+        agent_id: t.agent_id.as_bytes().to_vec(),
+        copied: t.copied,
+        agent: t.inherited.agent.to_string(),
+        model: t.inherited.model.to_string(),
+        parent_id: t.inherited.parent_id.map(|p| p.as_bytes().to_vec()),
+        lead_id: t.inherited.lead_id.as_deref().map(str::to_owned),
+        labels: (*t.inherited.labels).clone(),
+        session: t.session.as_deref().map(str::to_owned),
+        ended_at: t.ended.map(|(at, _)| nanos(at)),
+        ended_status: t.ended.map_or(0, |(_, status)| status_code(status)),
+        entries: t.entries.iter().map(entry_row).collect(),
+    }
+}
+
+fn turn_of(r: TurnRow) -> Result<Turn, StoreError> {
+    Ok(Turn {
+        agent_id: uuid_of(&r.agent_id)?,
+        copied: r.copied,
+        inherited: Inherited {
+            agent: r.agent.into(),
+            model: r.model.into(),
+            parent_id: r.parent_id.as_deref().map(uuid_of).transpose()?,
+            lead_id: r.lead_id.map(Arc::from),
+            labels: Arc::new(r.labels),
+        },
+        session: r.session.map(Arc::from),
+        ended: r
+            .ended_at
+            .map(|at| Ok::<_, StoreError>((time_of(at), status_of(r.ended_status)?)))
+            .transpose()?,
+        entries: r
+            .entries
+            .into_iter()
+            .map(entry_of)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn entry_row(e: &Entry) -> EntryRow {
+    let (status, error) = match &e.kind {
+        EntryKind::Result { status, error } => (
+            status_code(*status),
+            error.as_ref().map(|e| ErrorRow {
+                code: e.code.to_string(),
+                message: e.message.to_string(),
+            }),
+        ),
+        _ => (0, None),
+    };
+    EntryRow {
+        kind: entry_code(&e.kind),
+        at: nanos(e.at),
+        text: e.text.to_string(),
+        status,
+        error,
+    }
+}
+
+fn entry_of(r: EntryRow) -> Result<Entry, StoreError> {
+    let kind = match r.kind {
+        1 => EntryKind::Prompt,
+        2 => EntryKind::Steer,
+        3 => EntryKind::ToolCall,
+        4 => EntryKind::Result {
+            status: status_of(r.status)?,
+            error: r.error.map(|e| AgentError {
+                code: e.code.into(),
+                message: e.message.into(),
+            }),
+        },
+        other => return Err(corrupt("entry kind", format!("unknown code {other}"))),
+    };
+    Ok(Entry {
+        kind,
+        at: time_of(r.at),
+        text: r.text.into(),
+    })
 }
 
 /// Encodes an agent's state as its `agents` row.
@@ -294,6 +483,15 @@ fn view_row(v: &AgentView) -> ViewRow {
         trace_id: v.trace_id.get().to_be_bytes().to_vec(),
         attempt: v.attempt,
         tenant: v.tenant.to_string(),
+        conversation_id: v
+            .continuation
+            .as_ref()
+            .map(|c| c.conversation_id.as_bytes().to_vec()),
+        continues_id: v
+            .continuation
+            .as_ref()
+            .map(|c| c.continues_id.as_bytes().to_vec()),
+        turn: v.continuation.as_ref().map_or(0, |c| c.turn),
     }
 }
 
@@ -302,6 +500,15 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         .ok()
         .and_then(|b| TraceId::new(u128::from_be_bytes(b)))
         .ok_or_else(|| corrupt("agent view", "invalid trace id"))?;
+    let continuation = match (r.conversation_id.as_deref(), r.continues_id.as_deref()) {
+        (None, None) => None,
+        (Some(conversation), Some(continues)) => Some(Arc::new(Continuation {
+            conversation_id: uuid_of(conversation)?,
+            continues_id: uuid_of(continues)?,
+            turn: r.turn,
+        })),
+        _ => return Err(corrupt("agent view", "half a continuation")),
+    };
     Ok(AgentView {
         tenant: if r.tenant.is_empty() {
             crate::scheduler::DEFAULT_TENANT.into()
@@ -347,6 +554,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         worker_id: r.worker_id.as_deref().map(uuid_of).transpose()?,
         trace_id: trace,
         attempt: r.attempt,
+        continuation,
     })
 }
 
@@ -437,6 +645,15 @@ fn runner_of(code: u32) -> Result<RunnerKind, StoreError> {
     })
 }
 
+fn entry_code(k: &EntryKind) -> u32 {
+    match k {
+        EntryKind::Prompt => 1,
+        EntryKind::Steer => 2,
+        EntryKind::ToolCall => 3,
+        EntryKind::Result { .. } => 4,
+    }
+}
+
 fn event_code(k: EventKind) -> u32 {
     match k {
         EventKind::Snapshot => 1,
@@ -519,6 +736,11 @@ pub(crate) mod tests {
                 worker_id: Some(Uuid::now_v7()),
                 trace_id: TraceId::random(),
                 attempt: 3,
+                continuation: Some(Arc::new(Continuation {
+                    conversation_id: Uuid::now_v7(),
+                    continues_id: Uuid::now_v7(),
+                    turn: 4,
+                })),
             },
             seq,
             runner: RunnerKind::Worker,
@@ -543,6 +765,141 @@ pub(crate) mod tests {
         }
     }
 
+    /// A conversation `id` (ended at `t`) with every entry kind, a copied
+    /// turn, an elision, a session and labels.
+    pub(crate) fn full_conversation(id: Uuid, t: SystemTime) -> Conversation {
+        let inherited = |parent| Inherited {
+            agent: "coder".into(),
+            model: "p/m".into(),
+            parent_id: parent,
+            lead_id: Some("lead-1".into()),
+            labels: Arc::new(BTreeMap::from([
+                ("k".to_owned(), "v".to_owned()),
+                ("team".to_owned(), "a".to_owned()),
+            ])),
+        };
+        let entry = |kind, s: u64, text: &str| Entry {
+            kind,
+            at: t - Duration::from_secs(100 - s),
+            text: text.into(),
+        };
+        Conversation {
+            id,
+            tenant: "team-a".into(),
+            turns: vec![
+                Turn {
+                    agent_id: Uuid::now_v7(),
+                    copied: true,
+                    inherited: Inherited {
+                        lead_id: None,
+                        labels: Arc::default(),
+                        ..inherited(None)
+                    },
+                    session: None,
+                    ended: Some((t - Duration::from_secs(50), AgentStatus::Failed)),
+                    entries: vec![
+                        entry(EntryKind::Steer, 2, "steer"),
+                        entry(EntryKind::ToolCall, 3, "shell"),
+                        entry(
+                            EntryKind::Result {
+                                status: AgentStatus::Failed,
+                                error: Some(AgentError::new("RUN_FAILED", "boom")),
+                            },
+                            4,
+                            "partial",
+                        ),
+                    ],
+                },
+                Turn {
+                    agent_id: id,
+                    copied: false,
+                    inherited: inherited(Some(Uuid::now_v7())),
+                    session: Some("session-7".into()),
+                    ended: Some((t, AgentStatus::Done)),
+                    entries: vec![
+                        entry(EntryKind::Prompt, 60, "again"),
+                        entry(
+                            EntryKind::Result {
+                                status: AgentStatus::Done,
+                                error: None,
+                            },
+                            100,
+                            "done",
+                        ),
+                    ],
+                },
+            ],
+            elided: Elided {
+                entries: 3,
+                bytes: 4100,
+                at: Some(t - Duration::new(60, 5)),
+            },
+        }
+    }
+
+    #[test]
+    fn a_conversation_row_round_trips_every_field() {
+        let t = UNIX_EPOCH + Duration::new(1_790_000_000, 123_456_789);
+        let c = full_conversation(Uuid::now_v7(), t);
+        assert_eq!(decode_conversation(&encode_conversation(&c)).unwrap(), c);
+        // A live turn, an empty tenant, nothing elided.
+        let mut live = c.clone();
+        live.tenant = "".into();
+        live.turns[1].ended = None;
+        live.turns[1].session = None;
+        live.turns[1].entries.truncate(1);
+        live.elided = Elided::default();
+        assert_eq!(
+            decode_conversation(&encode_conversation(&live)).unwrap(),
+            live
+        );
+    }
+
+    #[test]
+    fn a_conversation_row_without_turns_or_with_an_unknown_entry_is_corrupt() {
+        let c = full_conversation(Uuid::now_v7(), UNIX_EPOCH);
+        let mut row = ConversationRow::decode(encode_conversation(&c).as_slice()).unwrap();
+        row.turns[0].entries[0].kind = 99;
+        let err = decode_conversation(&row.encode_to_vec()).unwrap_err();
+        assert!(err.to_string().contains("unknown code 99"), "{err}");
+        row.turns.clear();
+        let err = decode_conversation(&row.encode_to_vec()).unwrap_err();
+        assert!(err.to_string().contains("no turns"), "{err}");
+        assert!(matches!(
+            decode_conversation(b"\xff\xff"),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn a_view_round_trips_with_and_without_a_continuation() {
+        let mut view = full_state(1).view;
+        assert!(view.continuation.is_some());
+        assert_eq!(view_of(view_row(&view)).unwrap(), view);
+        view.continuation = None;
+        let row = view_row(&view);
+        assert_eq!(
+            (&row.conversation_id, &row.continues_id, row.turn),
+            (&None, &None, 0)
+        );
+        assert_eq!(view_of(row).unwrap(), view);
+    }
+
+    #[test]
+    fn a_view_row_from_before_continuations_reads_as_no_continuation() {
+        // Tags 26-28 left out: the bytes a schema 3 server wrote.
+        let mut row =
+            ViewRow::decode(view_row(&full_state(1).view).encode_to_vec().as_slice()).unwrap();
+        (row.conversation_id, row.continues_id, row.turn) = (None, None, 0);
+        let old = row.encode_to_vec();
+        let view = view_of(ViewRow::decode(old.as_slice()).unwrap()).unwrap();
+        assert_eq!(view.continuation, None);
+        // Half of one is damage, not an absent continuation.
+        row.conversation_id = Some(Uuid::now_v7().as_bytes().to_vec());
+        let err = view_of(row).unwrap_err();
+        assert!(err.to_string().contains("half a continuation"), "{err}");
+    }
+
     #[test]
     fn an_agent_row_round_trips_every_field() {
         let state = full_state(42);
@@ -555,6 +912,7 @@ pub(crate) mod tests {
         bare.view.error = None;
         bare.view.approval = None;
         bare.view.worker_id = None;
+        bare.view.continuation = None;
         bare.prompt = None;
         bare.idempotency_key = None;
         bare.process_group = None;

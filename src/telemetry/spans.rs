@@ -316,6 +316,7 @@ mod tests {
             worker_id: None,
             attempt: 1,
             trace_id: TraceId::new(0xabc).unwrap(),
+            continuation: None,
         }
     }
 

@@ -499,6 +499,7 @@ impl Worker {
             agent_type,
             traceparent: assignment.traceparent.into(),
             credential: self.program_token.clone(),
+            history: None,
         };
         self.tasks.spawn(async move {
             let outcome = tokio::select! {

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::{Core, Record, RunControl, RunStart};
 use crate::config::RunnerKind;
+use crate::scheduler::conversation::{Inherited, Place, Refusal};
 use crate::scheduler::{
     error::{Error, FieldViolation},
     events::EventKind,
@@ -22,16 +23,27 @@ use foldhash::HashMap;
 impl Core {
     /// Admits an agent: starts it, queues it, or refuses it. Returns the
     /// agent and whether it is an earlier agent found by idempotency key.
-    pub fn spawn(&mut self, spec: SpawnSpec, now: SystemTime) -> Result<(AgentView, bool), Error> {
+    pub fn spawn(
+        &mut self,
+        mut spec: SpawnSpec,
+        now: SystemTime,
+    ) -> Result<(AgentView, bool), Error> {
         if self.closed {
             return Err(Error::ShuttingDown);
         }
-        // A retry whose first response was lost gets the first agent, even
-        // if its parent has ended or the config changed since.
         let tenant = match &*spec.tenant {
             "" => self.intern(DEFAULT_TENANT),
             named => self.intern(named),
         };
+        // A continuation fills in what the request leaves out from the
+        // agent it continues, first: its idempotency key is scoped by the
+        // parent or lead it inherits.
+        let from = match spec.continue_from {
+            Some(from) => Some(self.inherit(&tenant, from, &mut spec, now)?),
+            None => None,
+        };
+        // A retry whose first response was lost gets the first agent, even
+        // if its parent has ended or the config changed since.
         if let Some(key) = spec.idempotency_key.as_deref() {
             let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
                 (Some(pid), _) => ParentKey::Agent(pid),
@@ -47,6 +59,9 @@ impl Core {
             }
         }
         self.check_spec(&spec)?;
+        if let Some(from) = &from {
+            self.check_continuable(&tenant, from, &spec)?;
+        }
         let parent = match spec.parent_id {
             Some(pid) => {
                 // Another tenant's agent is not a parent: it does not exist
@@ -137,6 +152,48 @@ impl Core {
         self.next_seq += 1;
         let bucket = self.bucket_for(&spec.model);
         let runner = self.agent_types[&spec.agent].runner;
+        let prompt: Arc<str> = spec.prompt.into();
+        let labels = if spec.labels.is_empty() {
+            self.no_labels.clone()
+        } else {
+            Arc::new(spec.labels)
+        };
+        let inherited = Inherited {
+            agent: self.intern(&spec.agent),
+            model: self.intern(&spec.model),
+            parent_id: spec.parent_id,
+            lead_id: lead_id.clone(),
+            labels: labels.clone(),
+        };
+        let continuation = match from {
+            None => {
+                self.conversations
+                    .begin(id, tenant.clone(), inherited, prompt.clone(), now);
+                None
+            }
+            Some(from) => {
+                let (conversation_id, turn) = if spec.fork {
+                    let turn =
+                        self.conversations
+                            .fork(from.from, id, inherited, prompt.clone(), now);
+                    (id, turn)
+                } else {
+                    let turn = self.conversations.continue_with(
+                        from.from,
+                        id,
+                        inherited,
+                        prompt.clone(),
+                        now,
+                    );
+                    (from.from.conversation, turn)
+                };
+                Some(Arc::new(Continuation {
+                    conversation_id,
+                    continues_id: from.id,
+                    turn,
+                }))
+            }
+        };
         let view = AgentView {
             id,
             tenant,
@@ -156,11 +213,7 @@ impl Core {
             approval: None,
             usage: Usage::default(),
             total_usage: Usage::default(),
-            labels: if spec.labels.is_empty() {
-                self.no_labels.clone()
-            } else {
-                Arc::new(spec.labels)
-            },
+            labels,
             background: spec.background,
             detached: spec.detached,
             queue_reason: None,
@@ -168,14 +221,15 @@ impl Core {
             attempt: 0,
             bucket: bucket.clone(),
             trace_id: trace.trace_id,
+            continuation,
         };
         let record = Record {
             view,
             seq,
             parent_key: parent_key.clone(),
             runner,
-            prompt: Some(spec.prompt.into()),
-            timeout: spec.timeout.unwrap_or(self.runs.default_timeout),
+            prompt: Some(prompt),
+            timeout_ms: Record::timeout_ms(spec.timeout.unwrap_or(self.runs.default_timeout)),
             rare: Record::rare(Vec::new(), idem_key.clone()),
             run: None,
             children: Vec::new(),
@@ -259,6 +313,118 @@ impl Core {
             ..SpanRecord::default()
         };
         (context, Some(Box::new(span)))
+    }
+
+    /// Fills in what a continuation of `from` inherits and the request
+    /// leaves unset: agent type, model, labels (merged, the request's win),
+    /// lead, and the parent while it is live. Refuses an agent whose
+    /// conversation is not retained (or of another tenant) and a live one.
+    fn inherit(
+        &self,
+        tenant: &Arc<str>,
+        from: AgentId,
+        spec: &mut SpawnSpec,
+        now: SystemTime,
+    ) -> Result<Continued, Error> {
+        let found = self
+            .conversations
+            .continuable(tenant, from, true)
+            .map_err(|refusal| self.refusal(from, refusal, now))?;
+        let inherited = &found.inherited;
+        if spec.agent.is_empty() {
+            spec.agent = inherited.agent.to_string();
+        }
+        if spec.model.is_empty() {
+            spec.model = inherited.model.to_string();
+        }
+        for (k, v) in inherited.labels.iter() {
+            spec.labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        if spec.parent_id.is_none() {
+            // A parent that has ended (or is forgotten) is replaced by none:
+            // the continuation is a root agent under the same lead.
+            spec.parent_id = inherited.parent_id.filter(|p| {
+                self.agents
+                    .get(p)
+                    .is_some_and(|r| r.view.tenant == *tenant && !r.view.status.is_terminal())
+            });
+        }
+        if spec.lead_id.is_none() {
+            spec.lead_id = inherited.lead_id.as_deref().map(str::to_owned);
+        }
+        Ok(Continued {
+            id: from,
+            from: found.from,
+            agent: inherited.agent.clone(),
+        })
+    }
+
+    /// The refusals that come after the idempotency lookup: not the latest
+    /// turn (without `fork`), and an agent type that takes no history.
+    fn check_continuable(
+        &self,
+        tenant: &str,
+        from: &Continued,
+        spec: &SpawnSpec,
+    ) -> Result<(), Error> {
+        if !spec.fork {
+            self.conversations
+                .continuable(tenant, from.id, false)
+                .map_err(|refusal| self.refusal(from.id, refusal, SystemTime::now()))?;
+        }
+        for name in [&*from.agent, spec.agent.as_str()] {
+            if self.agent_types.get(name).is_some_and(|t| !t.continuable()) {
+                return Err(Error::NotResumable {
+                    id: from.id,
+                    agent_type: name.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn refusal(&self, id: AgentId, refusal: Refusal, now: SystemTime) -> Error {
+        match refusal {
+            Refusal::Expired => self.expired_or_unknown("continue_from", id, now),
+            Refusal::Busy(_) => Error::AgentBusy {
+                id,
+                status: self
+                    .agents
+                    .get(&id)
+                    .map_or(AgentStatus::Running, |r| r.view.status),
+            },
+            Refusal::NotLatest { latest } => Error::NotLatest {
+                id,
+                conversation_id: self.conversations.place(id).map_or(id, |p| p.conversation),
+                latest,
+            },
+        }
+    }
+
+    /// An id whose conversation is not found: CONVERSATION_EXPIRED when it
+    /// may have existed and expired — its record is still retained, or its
+    /// (time-ordered) id is older than the conversation retention — else
+    /// not found like any unknown id.
+    pub(super) fn expired_or_unknown(
+        &self,
+        field: &'static str,
+        id: AgentId,
+        now: SystemTime,
+    ) -> Error {
+        let retained = self.agents.contains_key(&id);
+        let old = id.get_timestamp().is_some_and(|ts| {
+            let (secs, nanos) = ts.to_unix();
+            let created = SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+            created + self.conversations.retention() <= now
+        });
+        if retained || old {
+            Error::ConversationExpired { field, id }
+        } else {
+            Error::NotFound {
+                field,
+                id: id.to_string(),
+            }
+        }
     }
 
     fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
@@ -481,7 +647,7 @@ impl Core {
                         agent: rec.view.clone(),
                         prompt: prompt.clone(),
                         steer_messages: waiting_steers,
-                        deadline: now + rec.timeout,
+                        deadline: now + rec.timeout(),
                         traceparent: traceparent.clone(),
                     })),
                 );
@@ -492,7 +658,7 @@ impl Core {
                 prompt,
                 steer,
                 cancel,
-                timeout: rec.timeout,
+                timeout: rec.timeout(),
                 agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
                 traceparent,
                 progress: rec
@@ -501,6 +667,12 @@ impl Core {
                     .map(|r| r.progress.clone())
                     .expect("run controls exist"),
                 stale_timeout: self.runs.stale_timeout,
+                history: rec
+                    .view
+                    .continuation
+                    .as_ref()
+                    .and_then(|_| self.conversations.history(id))
+                    .map(Arc::new),
             };
             self.starts.push(start);
         }
@@ -529,4 +701,12 @@ impl Core {
     pub fn take_starts(&mut self) -> Vec<RunStart> {
         std::mem::take(&mut self.starts)
     }
+}
+
+/// The agent a continuation continues: its id, its place, its type.
+#[derive(Debug)]
+struct Continued {
+    id: AgentId,
+    from: Place,
+    agent: Arc<str>,
 }

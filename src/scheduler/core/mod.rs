@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{
+    conversation::{self, Conversations},
     events::EventLog,
     inbox::{SteerInbox, SteerSender},
     queue::{AdmissionQueue, BucketKey, Dirty, SubKey, WorkerKey},
@@ -85,6 +86,9 @@ pub struct RunStart {
     pub progress: Arc<RunProgress>,
     /// `[runs] stale_timeout` at the start (zero = off).
     pub stale_timeout: Duration,
+    /// A continuation's history: the turns before its own (None for the
+    /// first turn of a conversation).
+    pub history: Option<Arc<conversation::History>>,
 }
 
 /// Handles the core keeps to talk to a live run.
@@ -185,7 +189,10 @@ struct Record {
     runner: RunnerKind,
     /// Until the agent ends (a retried run is assigned it again).
     prompt: Option<Arc<str>>,
-    timeout: Duration,
+    /// The run deadline in milliseconds, rounded up, at most ~49 days (a
+    /// `Duration` takes 16 bytes, and the record must stay in its size
+    /// class).
+    timeout_ms: u32,
     /// Boxed for the same reason as `run`: few agents have either part.
     rare: Option<Box<Rare>>,
     /// Boxed: only live runs have one, and inline it would push every
@@ -215,6 +222,14 @@ struct Rare {
 }
 
 impl Record {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.into())
+    }
+
+    fn timeout_ms(timeout: Duration) -> u32 {
+        u32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(u32::MAX)
+    }
+
     fn rare(steer_buffer: Vec<String>, idempotency_key: Option<Arc<str>>) -> Option<Box<Rare>> {
         (!steer_buffer.is_empty() || idempotency_key.is_some()).then(|| {
             Box::new(Rare {
@@ -381,6 +396,8 @@ pub struct Core {
     /// Stored report numbers of worker runs restored for re-attach: the
     /// run's controls (where the number lives) come back only then.
     held_report_seqs: HashMap<AgentId, u64>,
+    /// Every retained conversation and its transcript.
+    conversations: Conversations,
 }
 
 impl Core {
@@ -427,7 +444,22 @@ impl Core {
             ended: Vec::new(),
             unsaved: None,
             held_report_seqs: HashMap::default(),
+            conversations: Conversations::new(
+                conversation::DEFAULT_RETENTION,
+                conversation::DEFAULT_MAX_TRANSCRIPT_BYTES,
+            ),
         }
+    }
+
+    /// Applies `[conversations]` (at start and on reload).
+    pub fn set_conversations(&mut self, config: crate::config::ConversationsConfig) {
+        self.conversations
+            .configure(config.retention, config.max_transcript_bytes);
+    }
+
+    /// Retained conversations.
+    pub fn conversation_count(&self) -> usize {
+        self.conversations.len()
     }
 
     /// Records a span per run into `sink` from now on.

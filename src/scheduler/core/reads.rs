@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 
 use super::{Core, Page, Record};
 use crate::scheduler::{
+    conversation::{TranscriptItem, TranscriptOf, TranscriptPage},
     error::Error,
     events::{EventKind, SubscriberId, Subscription},
     types::*,
@@ -139,6 +140,19 @@ impl Core {
             recs.sort_unstable_by_key(|(seq, _)| *seq);
             recs.dedup_by_key(|(seq, _)| *seq);
             Box::new(recs.into_iter())
+        } else if let Some(c) = filter
+            .conversation_id
+            .and_then(|c| self.conversations.get(c))
+        {
+            // A conversation's own turns, in turn order: admission order too.
+            Box::new(
+                c.turns
+                    .iter()
+                    .filter(|t| !t.copied)
+                    .filter_map(|t| self.agents.get(&t.agent_id))
+                    .map(|rec| (rec.seq, &**rec))
+                    .filter(move |(seq, _)| *seq > after),
+            )
         } else if let Some(parent) = filter.parent_id.and_then(|p| self.agents.get(&p)) {
             Box::new(
                 parent
@@ -179,6 +193,61 @@ impl Core {
             )
         };
         candidates.filter(move |(_, rec)| filter.matches(&rec.view))
+    }
+
+    /// A page of the transcript `target` names, visible in `scope`: at most
+    /// `limit` entries from position `after` on (the elision notice, when
+    /// entries were elided, is position 0).
+    pub fn transcript(
+        &self,
+        scope: &Scope,
+        target: TranscriptOf,
+        after: usize,
+        limit: usize,
+        now: std::time::SystemTime,
+    ) -> Result<TranscriptPage, Error> {
+        let Some((conversation_id, elided, entries)) =
+            self.conversations.transcript(target, |t| scope.admits(t))
+        else {
+            let (field, id) = match target {
+                TranscriptOf::Agent(id) => ("agent_id", id),
+                TranscriptOf::Conversation(id) => ("conversation_id", id),
+            };
+            // Another tenant's is answered like an unknown id.
+            let visible = self.record_in(scope, id).is_some() || !self.agents.contains_key(&id);
+            return Err(if visible {
+                self.expired_or_unknown(field, id, now)
+            } else {
+                Error::NotFound {
+                    field,
+                    id: id.to_string(),
+                }
+            });
+        };
+        let notice = (elided.entries > 0 || elided.bytes > 0).then(|| TranscriptItem::Elided {
+            at: elided.at.unwrap_or(std::time::UNIX_EPOCH),
+            text: elided.notice(self.conversations.max_bytes()).into(),
+        });
+        let all: Vec<TranscriptItem> = notice
+            .into_iter()
+            .chain(
+                entries
+                    .into_iter()
+                    .map(|(agent_id, turn, entry)| TranscriptItem::Entry {
+                        agent_id,
+                        turn,
+                        entry,
+                    }),
+            )
+            .collect();
+        let end = after.saturating_add(limit).min(all.len());
+        let next_after = (end < all.len()).then_some(end);
+        let items = all.into_iter().skip(after).take(limit).collect();
+        Ok(TranscriptPage {
+            conversation_id,
+            items,
+            next_after,
+        })
     }
 
     /// Registers `waiter` to be notified when `id` settles. Returns false if

@@ -19,6 +19,7 @@ use std::{sync::Arc, time::SystemTime};
 use super::{Core, Record};
 use crate::config::RunnerKind;
 use crate::scheduler::{
+    conversation::Inherited,
     durable::{AgentState, ProcessGroup, Recovered},
     events::EventLog,
     queue::Dirty,
@@ -73,7 +74,11 @@ impl Core {
             agents,
             events,
             position,
+            conversations,
         } = recovered;
+        for c in conversations {
+            self.conversations.restore(c);
+        }
         let mut report = RecoveryReport {
             agents: agents.len(),
             events: events.len(),
@@ -120,6 +125,7 @@ impl Core {
         }
         finished.sort_unstable();
         self.finished = finished.into();
+        self.restore_live_turns();
         let recount = self.recount();
         if self.counters() != recount {
             return Err(Inconsistent(format!(
@@ -185,6 +191,38 @@ impl Core {
             }
         }
         self.drain(dirty);
+    }
+
+    /// The first turn of each live agent that began a conversation: it is
+    /// stored when it ends, so until then it is rebuilt from the agent's
+    /// own record (its prompt). Steers and tool calls of a live turn are
+    /// kept in memory only and are lost with a crash; ended turns never.
+    fn restore_live_turns(&mut self) {
+        let live: Vec<AgentId> = self
+            .order
+            .ids()
+            .filter(|id| {
+                let rec = &self.agents[*id];
+                !rec.view.status.is_terminal() && rec.view.continuation.is_none()
+            })
+            .copied()
+            .collect();
+        for id in live {
+            if self.conversations.place(id).is_some() {
+                continue;
+            }
+            let rec = &self.agents[&id];
+            let inherited = Inherited {
+                agent: rec.view.agent.clone(),
+                model: rec.view.model.clone(),
+                parent_id: rec.view.parent_id,
+                lead_id: rec.view.lead_id.clone(),
+                labels: rec.view.labels.clone(),
+            };
+            let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
+            let (tenant, at) = (rec.view.tenant.clone(), rec.view.created_at);
+            self.conversations.begin(id, tenant, inherited, prompt, at);
+        }
     }
 
     /// Inserts one stored agent with its indexes and the slots its state
@@ -276,7 +314,7 @@ impl Core {
             parent_key,
             runner,
             prompt,
-            timeout,
+            timeout_ms: Record::timeout_ms(timeout),
             rare: Record::rare(steer_buffer, idempotency_key),
             run: None,
             children: Vec::new(),

@@ -62,6 +62,12 @@ impl Core {
         }
         let identical = run.identical_calls;
         let total = rec.view.usage.tool_calls + 1;
+        self.conversations.record(
+            id,
+            crate::scheduler::conversation::EntryKind::ToolCall,
+            name.into(),
+            std::time::SystemTime::now(),
+        );
         // Counted first, so the TOOL_CALL event shows the agent after it.
         self.add_usage(
             id,

@@ -91,6 +91,7 @@ impl Core {
                 n += 1;
             }
         }
+        self.conversations.sweep(now);
         if n > 0 {
             // Names no agent uses any more (a model nobody spawns now).
             self.names.retain(|name| Arc::strong_count(name) > 1);

@@ -1,11 +1,12 @@
 //! Steer: a message delivered to a running run or buffered until it runs.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use super::{Core, SteerDelivery};
 use crate::config::RunnerKind;
 use crate::scheduler::{
-    error::Error, events::EventKind, trace::SpanEventKind, types::*, workers::WorkerCommand,
+    conversation::EntryKind, error::Error, events::EventKind, trace::SpanEventKind, types::*,
+    workers::WorkerCommand,
 };
 
 impl Core {
@@ -46,6 +47,7 @@ impl Core {
             ));
         }
         let delivered_bytes = message.len();
+        let text: Arc<str> = message.as_str().into();
         // A worker run restored for its worker to re-attach: the session
         // it names is gone, so the message waits (stored) and goes to the
         // worker with the re-attach.
@@ -97,6 +99,8 @@ impl Core {
                 })
             }
         };
+        self.conversations
+            .record(id, EntryKind::Steer, text, SystemTime::now());
         if delivery == SteerDelivery::Delivered {
             self.publish(id, EventKind::Steered);
         }

@@ -28,6 +28,7 @@ impl Core {
     /// Keeps every change from now on for [`Core::take_changes`].
     pub fn track_changes(&mut self) {
         self.unsaved.get_or_insert_with(Box::default);
+        self.conversations.track_changes();
     }
 
     /// The ticket of the newest change (0 when nothing is tracked): a
@@ -47,6 +48,7 @@ impl Core {
         let ids = std::mem::take(&mut u.agents);
         let removed = std::mem::take(&mut u.removed);
         let events = std::mem::take(&mut u.events);
+        let (conversations, conversations_removed) = self.conversations.take_changes();
         let agents = ids
             .into_iter()
             .filter_map(|id| {
@@ -63,6 +65,8 @@ impl Core {
                 removed,
                 events,
                 position,
+                conversations,
+                conversations_removed,
             },
             ticket,
         )
@@ -139,7 +143,7 @@ pub(super) fn state_of(rec: &Record, held_report_seq: Option<u64>) -> AgentState
         seq: rec.seq,
         runner: rec.runner,
         prompt: rec.prompt.clone(),
-        timeout: rec.timeout,
+        timeout: rec.timeout(),
         steer_buffer: rec.steer_buffer().to_vec(),
         idempotency_key: rec.idempotency_key().cloned(),
         span_id: rec.span_id,

@@ -115,11 +115,13 @@ impl Core {
             prompt: rec.prompt.clone().unwrap_or_else(|| "".into()),
             steer: inbox,
             cancel,
-            timeout: rec.timeout.saturating_sub(ran),
+            timeout: rec.timeout().saturating_sub(ran),
             agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
             traceparent: rec.trace_context().traceparent().into(),
             progress,
             stale_timeout: self.runs.stale_timeout,
+            // The worker has the run, and had the history with it.
+            history: None,
         };
         self.starts.push(start);
         self.changed(id);

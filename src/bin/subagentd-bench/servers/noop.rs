@@ -110,6 +110,13 @@ impl AgentService for NoopAgentService {
         Err(unimplemented())
     }
 
+    async fn get_transcript(
+        &self,
+        _request: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
+        Err(unimplemented())
+    }
+
     type WatchAgentsStream = WatchStream;
 
     async fn watch_agents(
