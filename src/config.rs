@@ -814,6 +814,14 @@ pub struct AgentTypeConfig {
     /// Command runner: `none` (default) or `stdin`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steer: Option<SteerInput>,
+    /// Command runner: how the program resumes its own session when the
+    /// agent is continued, e.g. `["--resume", "{session}"]`: appended after
+    /// the command's arguments, `{session}` replaced by the session id the
+    /// previous turn's run wrote to `SUBAGENTD_SESSION_FILE`. Without it
+    /// (or without a session) a continuation gets the transcript on
+    /// standard input before its prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_args: Option<Vec<String>>,
     /// Command runner: SIGTERM to SIGKILL on cancel or deadline (default 5 s).
     #[serde(
         default,
@@ -925,6 +933,11 @@ impl AgentTypeConfig {
             (RunnerKind::Command, "kill_grace", self.kill_grace.is_some()),
             (
                 RunnerKind::Command,
+                "continue_args",
+                self.continue_args.is_some(),
+            ),
+            (
+                RunnerKind::Command,
                 "max_result_bytes",
                 self.max_result_bytes.is_some(),
             ),
@@ -987,6 +1000,14 @@ impl AgentTypeConfig {
         }
         if self.max_result_bytes == Some(0) {
             return Err(invalid(key("max_result_bytes"), "must be ≥ 1"));
+        }
+        if let Some(args) = &self.continue_args {
+            if !args.iter().any(|a| a.contains("{session}")) {
+                return Err(invalid(
+                    key("continue_args"),
+                    "needs a {session} placeholder, e.g. [\"--resume\", \"{session}\"]",
+                ));
+            }
         }
         Ok(())
     }

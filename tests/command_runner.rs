@@ -976,3 +976,123 @@ async fn a_command_run_inherits_the_environment_but_not_the_store_settings() {
     assert_eq!(done.result, "unset|unset|yes");
     assert!(server.stop().await.success());
 }
+
+/// A continuation of `from` with `prompt`, inheriting the rest, in the
+/// foreground.
+fn continue_fg(from: &str, prompt: &str) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        continue_from: from.to_owned(),
+        prompt: prompt.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// An agent CLI in miniature: with `--resume ID` it loads session ID's
+/// notes from its own state directory, else starts a new session; it
+/// appends the prompt (standard input) to the notes, writes its session id
+/// to `$SUBAGENTD_SESSION_FILE` (with surrounding whitespace, which is
+/// trimmed) and prints the notes and how it started.
+const RESUMING_CLI: &str = r#"#!/bin/sh
+state="$(dirname "$0")/sessions"
+mkdir -p "$state"
+if [ "$1" = "--resume" ]; then
+  id="$2"; how="resumed $id"
+  [ -f "$state/$id" ] || { echo "unknown session $id" >&2; exit 3; }
+else
+  id="s$(ls "$state" | wc -l | tr -d ' ')"; how="new session $id"
+fi
+cat >> "$state/$id"
+printf '  %s\n\n' "$id" > "$SUBAGENTD_SESSION_FILE"
+echo "$how"
+cat "$state/$id"
+"#;
+
+#[tokio::test]
+async fn a_command_program_is_resumed_by_the_session_id_it_wrote() {
+    let scratch = Scratch::new();
+    let cli = scratch.script("agent-cli", RESUMING_CLI);
+    let mut s = server_with(
+        "cli",
+        &["sh", &cli],
+        r#"continue_args = ["--resume", "{session}"]"#,
+    )
+    .await;
+    let first = run_to_end(&mut s.client, cmd("cli", "find the bug\n")).await;
+    assert_done(&first);
+    assert_eq!(first.result, "new session s0\nfind the bug\n");
+    let second = run_to_end(&mut s.client, continue_fg(&first.id, "now fix it\n")).await;
+    assert_done(&second);
+    assert_eq!(
+        second.result, "resumed s0\nfind the bug\nnow fix it\n",
+        "the program got its own session back, and only the new prompt"
+    );
+    // A fork resumes the same session id: the program decides what a
+    // resumed session means.
+    let fork = run_to_end(
+        &mut s.client,
+        pb::SpawnRequest {
+            fork: true,
+            ..continue_fg(&first.id, "other idea\n")
+        },
+    )
+    .await;
+    assert_done(&fork);
+    assert!(fork.result.starts_with("resumed s0\n"), "{}", fork.result);
+}
+
+#[tokio::test]
+async fn without_a_session_a_continuation_reads_the_transcript_before_its_prompt() {
+    // Writes no session file: its continuations get the transcript.
+    let mut s = server_with(
+        "cli",
+        &["sh", "-c", "echo \"args: $*\"; cat"],
+        r#"continue_args = ["--resume", "{session}"]"#,
+    )
+    .await;
+    let first = run_to_end(&mut s.client, cmd("cli", "find the bug")).await;
+    assert_done(&first);
+    let second = run_to_end(&mut s.client, continue_fg(&first.id, "now fix it")).await;
+    assert_done(&second);
+    assert_eq!(
+        second.result,
+        "args: \n\
+         This conversation so far (subagentd transcript, oldest first):\n\
+         --- turn 1 prompt ---\n\
+         find the bug\n\
+         --- turn 1 result ---\n\
+         args: \n\
+         find the bug\n\
+         --- new prompt ---\n\
+         now fix it"
+    );
+    // A failed turn says how it failed.
+    let failing = server_with("f", &["sh", "-c", "cat; echo oops >&2; exit 2"], "").await;
+    let mut client = failing.client.clone();
+    let failed = run_to_end(&mut client, cmd("f", "try")).await;
+    assert_failed(&failed, "EXIT_2");
+    let next = run_to_end(&mut client, continue_fg(&failed.id, "again")).await;
+    assert_eq!(next.status(), pb::AgentStatus::Failed);
+    assert_eq!(
+        next.result,
+        "This conversation so far (subagentd transcript, oldest first):\n\
+         --- turn 1 prompt ---\n\
+         try\n\
+         --- turn 1 result, failed: EXIT_2: oops ---\n\
+         try\n\
+         --- new prompt ---\n\
+         again"
+    );
+}
+
+#[test]
+fn continue_args_need_a_session_placeholder_and_the_command_runner() {
+    let (key, rule) = invalid_key(
+        "[agents.x]\nrunner = \"command\"\ncommand = [\"cli\"]\ncontinue_args = [\"--resume\"]\n",
+    );
+    assert_eq!(key, "agents.x.continue_args");
+    assert!(rule.contains("{session}"), "{rule}");
+    let (key, rule) =
+        invalid_key("[agents.x]\nrunner = \"simulated\"\ncontinue_args = [\"{session}\"]\n");
+    assert_eq!(key, "agents.x.continue_args");
+    assert!(rule.contains("runner = \"command\""), "{rule}");
+}

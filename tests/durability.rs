@@ -442,6 +442,7 @@ async fn released_worker_run_stays_ended(backend: &str) {
         3,
         Event::Done(pb::RunDone {
             result: "sent again".into(),
+            ..Default::default()
         }),
     );
     let pb::connect_response::Message::Released(r) = worker.next().await else {

@@ -542,6 +542,7 @@ impl World {
                 seq: 1,
                 event: Some(run_event::Event::Done(pb::RunDone {
                     result: "injected".into(),
+                    ..Default::default()
                 })),
             })),
         })

@@ -1431,9 +1431,15 @@ impl Harness {
         let (worker, id) = held[i.index(held.len())];
         let live = self.agents[&id].is_live();
         let event = if ok {
-            WorkerEvent::Done("from worker".into())
+            WorkerEvent::Done {
+                result: "from worker".into(),
+                session: None,
+            }
         } else {
-            WorkerEvent::Failed(AgentError::new("TOOL_ERROR", "boom"))
+            WorkerEvent::Failed {
+                error: AgentError::new("TOOL_ERROR", "boom"),
+                session: None,
+            }
         };
         let applied = self
             .core
@@ -2496,7 +2502,10 @@ fn a_numbered_worker_report_applies_once() {
     // nothing, not even an end.
     let stale = ReportNumber { seq: 9, attempt: 7 };
     assert!(!core.worker_report(worker, agent.id, stale, usage(100)));
-    let end = WorkerEvent::Failed(AgentError::new("CANCELLED", "old attempt"));
+    let end = WorkerEvent::Failed {
+        error: AgentError::new("CANCELLED", "old attempt"),
+        session: None,
+    };
     assert!(!core.worker_report(worker, agent.id, stale, end));
     let view = core.view(agent.id).unwrap();
     assert_eq!(

@@ -431,6 +431,7 @@ async fn a_worker_s_own_span_joins_the_agent_s_trace() {
             agent_id: agent.id.clone(),
             event: Some(run_event::Event::Done(pb::RunDone {
                 result: "ok".into(),
+                ..Default::default()
             })),
             seq: 0,
             attempt: 0,

@@ -400,3 +400,59 @@ async fn a_worker_authenticates_with_its_key_and_without_one_is_refused() {
     assert_eq!(done.status(), pb::AgentStatus::Done, "{done:?}");
     assert_eq!(done.result, "done");
 }
+
+#[tokio::test]
+async fn a_worker_process_resumes_its_command_s_session_and_gives_simulated_runs_the_history() {
+    // Writes "sess-<n>" as its session; with --resume ID it says so.
+    let cli = r#"[agents.cli]
+runner = "command"
+command = ["sh", "-c", "cat > /dev/null; echo \"args: $*\"; echo \" sess-$$ \" > \"$SUBAGENTD_SESSION_FILE\"", "cli"]
+continue_args = ["--resume", "{session}"]
+"#;
+    let (_server, _worker, mut client) =
+        server_and_worker("", "", &["cli", "script"], &[cli, SCRIPT]).await;
+    let first = common::spawn(&mut client, bg("cli", "start")).await;
+    let first = settled(&mut client, &first.id).await;
+    assert_eq!(first.result, "args: \n");
+    let second = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            continue_from: first.id.clone(),
+            prompt: "go on".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let second = settled(&mut client, &second.id).await;
+    assert_eq!(common::status(&second), pb::AgentStatus::Done, "{second:?}");
+    // The session id as written, surrounding whitespace trimmed.
+    let pid = second
+        .result
+        .strip_prefix("args: --resume sess-")
+        .and_then(|rest| rest.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("resumed with the session written: {:?}", second.result));
+    assert!(
+        !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()),
+        "{pid:?}"
+    );
+
+    // The simulated runner on the worker sees the earlier turns.
+    let one = common::spawn(&mut client, bg("script", "output one")).await;
+    let one = settled(&mut client, &one.id).await;
+    let two = common::spawn(
+        &mut client,
+        pb::SpawnRequest {
+            continue_from: one.id.clone(),
+            prompt: "history".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let two = settled(&mut client, &two.id).await;
+    assert_eq!(
+        two.result, "turn 1 prompt: output one\nturn 1 result: one",
+        "{two:?}"
+    );
+}

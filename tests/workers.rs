@@ -199,6 +199,7 @@ impl Worker {
             agent_id,
             run_event::Event::Done(pb::RunDone {
                 result: result.into(),
+                ..Default::default()
             }),
         );
     }
@@ -209,6 +210,7 @@ impl Worker {
             run_event::Event::Failed(pb::RunFailed {
                 code: code.into(),
                 message: message.into(),
+                ..Default::default()
             }),
         );
     }
@@ -1385,6 +1387,101 @@ runner = "simulated"
         status(&r),
         pb::AgentStatus::Queued,
         "waits for a worker: {r:?}"
+    );
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_continued_worker_run_gets_the_transcript_and_the_session_its_worker_returned() {
+    let mut s = TestServer::start(CONFIG).await;
+    let mut w = Worker::connect(s.handle.addr(), &["coder"], 2).await;
+    let (first, assigned) = spawn_assigned(&mut s, &mut w, worker_bg("coder", "find it")).await;
+    assert!(
+        assigned.transcript.is_empty(),
+        "a first turn has no history"
+    );
+    assert_eq!(assigned.session, "");
+    w.send(
+        &first.id,
+        run_event::Event::ToolCall(pb::ToolCall {
+            name: "grep".into(),
+            input_digest: String::new(),
+        }),
+    );
+    w.send(
+        &first.id,
+        run_event::Event::Done(pb::RunDone {
+            result: "found it".into(),
+            session: "worker-session-1".into(),
+        }),
+    );
+    w.released(&first.id).await;
+    await_all(&mut s.client, &[&first.id]).await;
+
+    let (second, assigned) = spawn_assigned(
+        &mut s,
+        &mut w,
+        pb::SpawnRequest {
+            continue_from: first.id.clone(),
+            prompt: "now fix it".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(assigned.prompt, "now fix it");
+    assert_eq!(assigned.session, "worker-session-1");
+    let history: Vec<(pb::TranscriptEntryKind, &str, u32, &str)> = assigned
+        .transcript
+        .iter()
+        .map(|e| (e.kind(), e.agent_id.as_str(), e.turn, e.text.as_str()))
+        .collect();
+    use pb::TranscriptEntryKind as K;
+    assert_eq!(
+        history,
+        [
+            (K::Prompt, first.id.as_str(), 1, "find it"),
+            (K::ToolCall, first.id.as_str(), 1, "grep"),
+            (K::Result, first.id.as_str(), 1, "found it"),
+        ]
+    );
+    assert_eq!(
+        assigned.transcript[2].status(),
+        pb::AgentStatus::Done,
+        "a result entry says how the turn ended"
+    );
+    // A failed run's session is kept too, and the next turn gets it.
+    w.send(
+        &second.id,
+        run_event::Event::Failed(pb::RunFailed {
+            code: "TOOL_ERROR".into(),
+            message: "tests fail".into(),
+            session: "worker-session-2".into(),
+        }),
+    );
+    w.released(&second.id).await;
+    await_all(&mut s.client, &[&second.id]).await;
+    let (_, assigned) = spawn_assigned(
+        &mut s,
+        &mut w,
+        pb::SpawnRequest {
+            continue_from: second.id.clone(),
+            prompt: "try again".into(),
+            background: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(assigned.session, "worker-session-2");
+    assert_eq!(assigned.transcript.len(), 5);
+    let last = assigned.transcript.last().unwrap();
+    assert_eq!(
+        (
+            last.kind(),
+            last.status(),
+            last.error.as_ref().unwrap().code.as_str()
+        ),
+        (K::Result, pb::AgentStatus::Failed, "TOOL_ERROR")
     );
     s.handle.shutdown().await.unwrap();
 }

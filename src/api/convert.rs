@@ -9,7 +9,9 @@ use prost_types::Timestamp;
 use uuid::Uuid;
 
 use crate::pb;
-use crate::scheduler::conversation::{EntryKind, TranscriptItem, TranscriptOf, TranscriptPage};
+use crate::scheduler::conversation::{
+    Elided, Entry, EntryKind, History, TranscriptItem, TranscriptOf, TranscriptPage,
+};
 use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
     AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode,
@@ -358,46 +360,127 @@ pub fn transcript_to_pb(page: &TranscriptPage) -> pb::GetTranscriptResponse {
         .items
         .iter()
         .map(|item| match item {
-            TranscriptItem::Elided { at, text } => pb::TranscriptEntry {
-                kind: pb::TranscriptEntryKind::Elided as i32,
-                time: Some(timestamp(*at)),
-                text: text.to_string(),
-                ..pb::TranscriptEntry::default()
-            },
+            TranscriptItem::Elided(elided) => elided_to_pb(elided),
             TranscriptItem::Entry {
                 agent_id,
                 turn,
                 entry,
-            } => {
-                let (kind, status, error) = match &entry.kind {
-                    EntryKind::Prompt => (pb::TranscriptEntryKind::Prompt, None, None),
-                    EntryKind::Steer => (pb::TranscriptEntryKind::Steer, None, None),
-                    EntryKind::ToolCall => (pb::TranscriptEntryKind::ToolCall, None, None),
-                    EntryKind::Result { status, error } => (
-                        pb::TranscriptEntryKind::Result,
-                        Some(*status),
-                        error.as_ref(),
-                    ),
-                };
-                pb::TranscriptEntry {
-                    kind: kind as i32,
-                    agent_id: agent_id.to_string(),
-                    turn: *turn,
-                    time: Some(timestamp(entry.at)),
-                    text: entry.text.to_string(),
-                    status: status.map_or(0, |s| status_to_pb(s) as i32),
-                    error: error.map(|e| pb::AgentError {
-                        code: e.code.to_string(),
-                        message: e.message.to_string(),
-                    }),
-                }
-            }
+            } => entry_to_pb(*agent_id, *turn, entry),
         })
         .collect();
     pb::GetTranscriptResponse {
         conversation_id: page.conversation_id.to_string(),
         entries,
         next_page_token: page.next_after.map(|n| n.to_string()).unwrap_or_default(),
+    }
+}
+
+/// A continuation's history as a worker's assignment carries it: the
+/// entries GetTranscript shows for the agent it continues.
+pub fn history_to_pb(history: &History) -> Vec<pb::TranscriptEntry> {
+    let elided = history.elided.any().then(|| elided_to_pb(&history.elided));
+    elided
+        .into_iter()
+        .chain(
+            history
+                .entries
+                .iter()
+                .map(|(agent_id, turn, entry)| entry_to_pb(*agent_id, *turn, entry)),
+        )
+        .collect()
+}
+
+/// The history an assignment carries (see [`history_to_pb`]); None for
+/// the first turn of a conversation (no entries, no session).
+pub fn history_from_assignment(
+    conversation_id: AgentId,
+    transcript: &[pb::TranscriptEntry],
+    session: String,
+) -> Result<Option<History>, String> {
+    if transcript.is_empty() && session.is_empty() {
+        return Ok(None);
+    }
+    let mut elided = Elided::default();
+    let mut entries = Vec::with_capacity(transcript.len());
+    for e in transcript {
+        let at = e
+            .time
+            .and_then(|t| SystemTime::try_from(t).ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let kind = match e.kind() {
+            pb::TranscriptEntryKind::Elided => {
+                elided = Elided {
+                    entries: e.elided_entries,
+                    bytes: e.elided_bytes,
+                    at: Some(at),
+                };
+                continue;
+            }
+            pb::TranscriptEntryKind::Prompt => EntryKind::Prompt,
+            pb::TranscriptEntryKind::Steer => EntryKind::Steer,
+            pb::TranscriptEntryKind::ToolCall => EntryKind::ToolCall,
+            pb::TranscriptEntryKind::Result => EntryKind::Result {
+                status: status_from_pb(e.status()),
+                error: e
+                    .error
+                    .as_ref()
+                    .map(|err| AgentError::new(&err.code, err.message.clone())),
+            },
+            pb::TranscriptEntryKind::Unspecified => {
+                return Err(format!("transcript entry of unknown kind {}", e.kind));
+            }
+        };
+        let agent = Uuid::parse_str(&e.agent_id).map_err(|_| {
+            format!(
+                "transcript entry agent_id \"{}\" is not an agent id",
+                truncate(&e.agent_id)
+            )
+        })?;
+        let text = e.text.as_str().into();
+        entries.push((agent, e.turn, Entry { kind, at, text }));
+    }
+    Ok(Some(History {
+        conversation_id,
+        entries,
+        elided,
+        session: non_empty(session).map(Into::into),
+    }))
+}
+
+fn elided_to_pb(elided: &Elided) -> pb::TranscriptEntry {
+    pb::TranscriptEntry {
+        kind: pb::TranscriptEntryKind::Elided as i32,
+        time: elided.at.map(timestamp),
+        text: elided.notice(),
+        elided_entries: elided.entries,
+        elided_bytes: elided.bytes,
+        ..pb::TranscriptEntry::default()
+    }
+}
+
+fn entry_to_pb(agent_id: AgentId, turn: u32, entry: &Entry) -> pb::TranscriptEntry {
+    let (kind, status, error) = match &entry.kind {
+        EntryKind::Prompt => (pb::TranscriptEntryKind::Prompt, None, None),
+        EntryKind::Steer => (pb::TranscriptEntryKind::Steer, None, None),
+        EntryKind::ToolCall => (pb::TranscriptEntryKind::ToolCall, None, None),
+        EntryKind::Result { status, error } => (
+            pb::TranscriptEntryKind::Result,
+            Some(*status),
+            error.as_ref(),
+        ),
+    };
+    pb::TranscriptEntry {
+        kind: kind as i32,
+        agent_id: agent_id.to_string(),
+        turn,
+        time: Some(timestamp(entry.at)),
+        text: entry.text.to_string(),
+        status: status.map_or(0, |s| status_to_pb(s) as i32),
+        error: error.map(|e| pb::AgentError {
+            code: e.code.to_string(),
+            message: e.message.to_string(),
+        }),
+        ..pb::TranscriptEntry::default()
     }
 }
 
@@ -862,6 +945,11 @@ fn known_list(names: &[String]) -> String {
     }
 }
 
+/// None for the empty string (proto3's "not set").
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
 /// A worker's report, or why it cannot be applied (a protocol slip that
 /// is logged and skipped, not a reason to drop the worker's other runs).
 pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent), String> {
@@ -887,14 +975,20 @@ pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent
             tool_name: a.tool_name,
             detail: a.detail,
         },
-        E::Done(d) => WorkerEvent::Done(d.result),
+        E::Done(d) => WorkerEvent::Done {
+            result: d.result,
+            session: non_empty(d.session),
+        },
         E::Failed(f) => {
             let code = if f.code.is_empty() {
                 CODE_RUN_FAILED
             } else {
                 f.code.as_str()
             };
-            WorkerEvent::Failed(AgentError::new(code, f.message))
+            WorkerEvent::Failed {
+                error: AgentError::new(code, f.message),
+                session: non_empty(f.session),
+            }
         }
     };
     Ok((agent, event))
@@ -910,6 +1004,13 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
             steer_messages: a.steer_messages,
             traceparent: a.traceparent.to_string(),
             deadline: Some(timestamp(a.deadline)),
+            transcript: a.history.as_deref().map(history_to_pb).unwrap_or_default(),
+            session: a
+                .history
+                .as_ref()
+                .and_then(|h| h.session.as_deref())
+                .unwrap_or_default()
+                .to_owned(),
         }),
         WorkerCommand::Steer { agent_id, message } => M::Steer(pb::SteerRun {
             agent_id: agent_id.to_string(),

@@ -34,7 +34,11 @@ use tracing::{debug, warn};
 
 use super::{Run, RunOutcome, Runner};
 use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
-use crate::scheduler::{durable::ProcessGroup, AgentError};
+use crate::scheduler::{
+    conversation::{EntryKind, History},
+    durable::ProcessGroup,
+    AgentError,
+};
 
 /// Bytes of standard error kept for the failure message.
 pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
@@ -129,9 +133,20 @@ impl Runner for CommandRunner {
 
 async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> RunOutcome {
     let cfg = run.agent_type.clone();
+    let continuing = Continuing::of(&cfg, &run);
+    // Removed however the run ends: read once the program exited.
+    let session_file = SessionFile::new(&run);
     // However this future ends from here on (finished, or dropped on cancel
     // or deadline), the group is stopped.
-    let (mut child, mut group) = start(&cfg, api_addr.as_deref(), &run, groups).await?;
+    let (mut child, mut group) = start(
+        &cfg,
+        api_addr.as_deref(),
+        &run,
+        &continuing,
+        &session_file,
+        groups,
+    )
+    .await?;
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -142,7 +157,13 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
     });
     let mut steer_tx = None;
     if let Some(tx) = stdin_tx {
+        if let Continuing::Transcript(history) = &continuing {
+            let _ = tx.send(transcript_text(history).into_bytes());
+        }
         if cfg.prompt_input() == PromptInput::Stdin {
+            if matches!(continuing, Continuing::Transcript(_)) {
+                let _ = tx.send(NEW_PROMPT_MARKER.as_bytes().to_vec());
+            }
             let mut prompt = run.prompt.as_bytes().to_vec();
             if cfg.steer == Some(SteerInput::Stdin) && !prompt.ends_with(b"\n") {
                 // Steer lines follow the prompt: end it with a newline.
@@ -214,6 +235,9 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
         }
     }
     drop(steer_tx);
+    if let Some(session) = session_file.read() {
+        run.reporter.session(&session);
+    }
     let stderr = match stderr {
         Some(task) => task.await.unwrap_or_default(),
         None => String::new(),
@@ -252,9 +276,11 @@ async fn start(
     cfg: &AgentTypeConfig,
     api_addr: Option<&str>,
     run: &Run,
+    continuing: &Continuing,
+    session_file: &SessionFile,
     groups: Groups,
 ) -> Result<(Child, GroupGuard), AgentError> {
-    let mut cmd = command(cfg, api_addr, run);
+    let mut cmd = command(cfg, api_addr, run, continuing, session_file);
     let (mut pid_rx, pid_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
     let (gate_rx, mut gate_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
     let child_ends = (pid_tx.as_raw_fd(), gate_rx.as_raw_fd());
@@ -403,7 +429,13 @@ fn spawn_failed(cfg: &AgentTypeConfig, e: &std::io::Error) -> AgentError {
 }
 
 /// The program's command line, environment and standard streams.
-fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command {
+fn command(
+    cfg: &AgentTypeConfig,
+    api_addr: Option<&str>,
+    run: &Run,
+    continuing: &Continuing,
+    session_file: &SessionFile,
+) -> Command {
     let program = &cfg.command[0];
     let mut cmd = Command::new(program);
     for arg in &cfg.command[1..] {
@@ -411,6 +443,11 @@ fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command 
             cmd.arg(arg.replace("{prompt}", &run.prompt));
         } else {
             cmd.arg(arg);
+        }
+    }
+    if let Continuing::Resume(session) = continuing {
+        for arg in cfg.continue_args.iter().flatten() {
+            cmd.arg(arg.replace("{session}", session));
         }
     }
     if let Some(cwd) = &cfg.cwd {
@@ -450,8 +487,10 @@ fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command 
     if let Some(token) = &run.credential {
         cmd.env("SUBAGENTD_TOKEN", &**token);
     }
-    let needs_stdin =
-        cfg.prompt_input() == PromptInput::Stdin || cfg.steer == Some(SteerInput::Stdin);
+    cmd.env("SUBAGENTD_SESSION_FILE", &session_file.path);
+    let needs_stdin = cfg.prompt_input() == PromptInput::Stdin
+        || cfg.steer == Some(SteerInput::Stdin)
+        || matches!(continuing, Continuing::Transcript(_));
     cmd.stdin(if needs_stdin {
         Stdio::piped()
     } else {
@@ -463,6 +502,101 @@ fn command(cfg: &AgentTypeConfig, api_addr: Option<&str>, run: &Run) -> Command 
     .process_group(0)
     .kill_on_drop(false);
     cmd
+}
+
+/// How a continued run takes its conversation so far.
+enum Continuing {
+    /// The first turn of a conversation: nothing to take.
+    No,
+    /// The type's `continue_args`, with the session id the previous turn's
+    /// run wrote.
+    Resume(Arc<str>),
+    /// The transcript on standard input, before the prompt.
+    Transcript(Arc<History>),
+}
+
+impl Continuing {
+    fn of(cfg: &AgentTypeConfig, run: &Run) -> Self {
+        let Some(history) = &run.history else {
+            return Self::No;
+        };
+        match (&cfg.continue_args, &history.session) {
+            (Some(_), Some(session)) => Self::Resume(session.clone()),
+            _ => Self::Transcript(history.clone()),
+        }
+    }
+}
+
+/// Separates the transcript from the new prompt on standard input.
+const NEW_PROMPT_MARKER: &str = "--- new prompt ---\n";
+
+/// A continuation's transcript as a program reads it on standard input
+/// (README "Runners"): a header, then per entry a `--- turn N <kind> ---`
+/// line and its text; [`NEW_PROMPT_MARKER`] and the prompt follow.
+fn transcript_text(history: &History) -> String {
+    let mut out = String::from("This conversation so far (subagentd transcript, oldest first):\n");
+    if history.elided.any() {
+        out.push_str(&format!(
+            "--- {} earlier entries ({} bytes) elided ---\n",
+            history.elided.entries, history.elided.bytes
+        ));
+    }
+    for (_, turn, entry) in &history.entries {
+        let kind = match &entry.kind {
+            EntryKind::Prompt => "prompt".to_owned(),
+            EntryKind::Steer => "steer".to_owned(),
+            EntryKind::ToolCall => "tool call".to_owned(),
+            EntryKind::Result { error: None, .. } => "result".to_owned(),
+            EntryKind::Result {
+                status,
+                error: Some(e),
+            } => format!(
+                "result, {}: {}: {}",
+                format!("{status:?}").to_lowercase(),
+                e.code,
+                e.message
+            ),
+        };
+        out.push_str(&format!("--- turn {turn} {kind} ---\n"));
+        out.push_str(&entry.text);
+        if !entry.text.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `SUBAGENTD_SESSION_FILE`: where the program may write its own session
+/// id, read once it exits; removed when the run ends.
+struct SessionFile {
+    path: std::path::PathBuf,
+}
+
+impl SessionFile {
+    fn new(run: &Run) -> Self {
+        let name = format!(
+            "subagentd-session-{}-{}",
+            run.agent.id,
+            uuid::Uuid::new_v4().simple()
+        );
+        Self {
+            path: std::env::temp_dir().join(name),
+        }
+    }
+
+    /// The session id the program wrote, surrounding whitespace trimmed;
+    /// None when it wrote none.
+    fn read(&self) -> Option<String> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let session = text.trim();
+        (!session.is_empty()).then(|| session.to_owned())
+    }
+}
+
+impl Drop for SessionFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Exit 0 → the result; otherwise FAILED `EXIT_<n>` or `SIGNAL_<n>`, with

@@ -110,11 +110,16 @@ pub struct Elided {
 }
 
 impl Elided {
+    /// Whether anything was removed.
+    pub fn any(&self) -> bool {
+        self.entries > 0 || self.bytes > 0
+    }
+
     /// The marker entry's text.
-    pub fn notice(&self, limit: usize) -> String {
+    pub fn notice(&self) -> String {
         format!(
             "{} earlier transcript entries ({} bytes) were elided to keep the transcript within \
-             [conversations] max_transcript_bytes ({limit} bytes)",
+             [conversations] max_transcript_bytes",
             self.entries, self.bytes
         )
     }
@@ -425,8 +430,12 @@ impl Conversations {
 
     /// Records the session a run reported, for the run that continues it.
     pub fn set_session(&mut self, agent: AgentId, session: Arc<str>) {
-        if let Some(turn) = self.place(agent).and_then(|p| self.turn_mut(p)) {
+        let Some(place) = self.place(agent) else {
+            return;
+        };
+        if let Some(turn) = self.turn_mut(place) {
             turn.session = Some(session);
+            self.changed(place.conversation);
         }
     }
 
@@ -627,12 +636,7 @@ impl Conversations {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TranscriptItem {
     /// The elision notice (always first).
-    Elided {
-        /// When entries were last elided.
-        at: SystemTime,
-        /// What was elided.
-        text: Arc<str>,
-    },
+    Elided(Elided),
     /// An entry of a turn.
     Entry {
         /// The turn's agent.

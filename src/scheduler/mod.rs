@@ -896,6 +896,8 @@ pub trait RemoteReports: Send + Sync + 'static {
     fn tool_call(&self, name: &str, input_digest: &str);
     /// Tokens used.
     fn usage(&self, usage: Usage);
+    /// The run's own session, sent with its terminal report.
+    fn session(&self, session: &str);
     /// Asks for a decision and resolves to it; never resolves if the run
     /// is stopped first (the run future is dropped then).
     fn request_approval(
@@ -967,6 +969,16 @@ impl RunReporter {
             // May trip a circuit breaker, which ends the run and frees slots.
             ReportSink::Core(s) => s.with_core(|c| c.record_tool_call(self.id, name, input_digest)),
             ReportSink::Remote(r) => r.tool_call(name, input_digest),
+        }
+    }
+
+    /// The run's own session (an agent CLI's session id, say), handed to
+    /// the run that continues this agent; the latest report wins. Empty:
+    /// none.
+    pub fn session(&self, session: &str) {
+        match &self.sink {
+            ReportSink::Core(s) => s.inspect_mut(|c| c.set_session(self.id, Some(session.into()))),
+            ReportSink::Remote(r) => r.session(session),
         }
     }
 
@@ -1203,7 +1215,10 @@ mod tests {
             worker,
             agent.id,
             ReportNumber::default(),
-            WorkerEvent::Done("ok".into())
+            WorkerEvent::Done {
+                result: "ok".into(),
+                session: None,
+            }
         ));
         // Proving that something does not happen takes a bound.
         tokio::time::sleep(Duration::from_millis(200)).await;

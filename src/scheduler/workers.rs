@@ -122,6 +122,8 @@ pub struct Assignment {
     pub deadline: SystemTime,
     /// W3C trace context of the run, for the worker's spans; always set.
     pub traceparent: Arc<str>,
+    /// A continuation's history: the earlier turns of its conversation.
+    pub history: Option<Arc<super::conversation::History>>,
 }
 
 /// What a worker reports about one of its runs.
@@ -146,15 +148,26 @@ pub enum WorkerEvent {
         detail: String,
     },
     /// Finished with a result (terminal).
-    Done(String),
+    Done {
+        /// The result.
+        result: String,
+        /// The worker's own session of the run, for the run that continues
+        /// the agent.
+        session: Option<String>,
+    },
     /// Failed (terminal).
-    Failed(AgentError),
+    Failed {
+        /// Why.
+        error: AgentError,
+        /// As for `Done`.
+        session: Option<String>,
+    },
 }
 
 impl WorkerEvent {
     /// Done or failed: the worker no longer holds the run.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::Done(_) | Self::Failed(_))
+        matches!(self, Self::Done { .. } | Self::Failed { .. })
     }
 }
 

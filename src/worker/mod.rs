@@ -205,6 +205,8 @@ struct Held {
     cancel_reason: String,
     /// The run waits for an approval decision.
     approval: Option<oneshot::Sender<ApprovalOutcome>>,
+    /// The run's own session, sent with its terminal report.
+    session: String,
 }
 
 impl Worker {
@@ -454,6 +456,7 @@ impl Worker {
             cancel: cancel.clone(),
             cancel_reason: String::new(),
             approval: None,
+            session: String::new(),
         };
         if let Some(older) = self.state.lock().runs.insert(agent_id.clone(), held) {
             // A retry of a run whose earlier attempt this worker still
@@ -465,9 +468,16 @@ impl Worker {
             agent_id: agent_id.clone(),
             attempt,
         });
-        let view = convert::agent_from_pb(&agent);
+        let view = convert::agent_from_pb(&agent).and_then(|view| {
+            let history = convert::history_from_assignment(
+                view.conversation_id(),
+                &assignment.transcript,
+                assignment.session,
+            )?;
+            Ok((view, history.map(Arc::new)))
+        });
         let agent_type = self.agents.get(&agent.agent);
-        let (view, agent_type) = match (view, agent_type) {
+        let ((view, history), agent_type) = match (view, agent_type) {
             (Ok(view), Some(agent_type)) => (view, agent_type.clone()),
             (Err(why), _) => {
                 warn!(%agent_id, %why, "an assignment that does not parse fails");
@@ -499,7 +509,7 @@ impl Worker {
             agent_type,
             traceparent: assignment.traceparent.into(),
             credential: self.program_token.clone(),
-            history: None,
+            history,
         };
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
@@ -511,7 +521,8 @@ impl Worker {
                 }
             };
             match outcome {
-                Some(Ok(result)) => reports.report(Event::Done(pb::RunDone { result })),
+                Some(Ok(result)) => reports
+                    .report_with_session(|session| Event::Done(pb::RunDone { result, session })),
                 Some(Err(e)) => reports.fail(&e.code, e.message.to_string()),
                 // Confirms the stop, so the server frees the slot at once
                 // (it ignores the content).
@@ -637,11 +648,27 @@ impl Reports {
         self.report_with(event, |_| {});
     }
 
+    /// A terminal report, with the session the run reported.
+    fn report_with_session(&self, event: impl FnOnce(String) -> Event) {
+        let session = {
+            let state = self.worker.state.lock();
+            state
+                .runs
+                .get(&self.agent_id)
+                .map(|run| run.session.clone())
+                .unwrap_or_default()
+        };
+        self.report(event(session));
+    }
+
     fn fail(&self, code: &str, message: String) {
-        self.report(Event::Failed(pb::RunFailed {
-            code: code.to_owned(),
-            message,
-        }));
+        self.report_with_session(|session| {
+            Event::Failed(pb::RunFailed {
+                code: code.to_owned(),
+                message,
+                session,
+            })
+        });
     }
 
     fn cancel_reason(&self) -> String {
@@ -664,6 +691,15 @@ impl RemoteReports for Reports {
             name: name.to_owned(),
             input_digest: input_digest.to_owned(),
         }));
+    }
+
+    fn session(&self, session: &str) {
+        let mut state = self.worker.state.lock();
+        if let Some(run) = state.runs.get_mut(&self.agent_id) {
+            if run.attempt == self.attempt {
+                session.clone_into(&mut run.session);
+            }
+        }
     }
 
     fn usage(&self, usage: Usage) {

@@ -71,6 +71,7 @@ impl RawWorker {
     pub fn done(&self, agent_id: &str, result: &str) {
         let done = pb::run_event::Event::Done(pb::RunDone {
             result: result.into(),
+            ..Default::default()
         });
         self.send(agent_id, 0, done);
     }

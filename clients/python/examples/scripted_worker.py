@@ -10,6 +10,11 @@ tests:
     wait_steer        wait for a steer message; appends "steer: <message>"
     hang              wait until the server stops the run
     fail <message>    fail the run with code RUN_FAILED
+    session <id>      return <id> as this run's session (the run that
+                      continues the agent gets it back)
+    history           append "previous session: <id or none>", then one
+                      line per transcript entry of a continuation's
+                      history: "turn <n> <kind>: <text>"
     anything else     appended as is
 
 Usage: python scripted_worker.py --addr 127.0.0.1:50051 --agents coder --capacity 2
@@ -20,6 +25,7 @@ import argparse
 import logging
 import sys
 
+from subagents.v1 import subagents_pb2 as pb
 from subagentd.worker import Run, RunFailed, Worker
 
 
@@ -35,6 +41,14 @@ def handle(run: Run) -> str:
         rest = rest.strip()
         if word == "output":
             emit(rest)
+        elif word == "session" and rest:
+            run.session = rest
+        elif word == "history":
+            emit(f"previous session: {run.previous_session or 'none'}")
+            for entry in run.transcript:
+                kind = pb.TranscriptEntryKind.Name(entry.kind).removeprefix("TRANSCRIPT_ENTRY_KIND_").lower()
+                text = entry.text.replace("\n", "\\n")
+                emit(f"turn {entry.turn} {kind}: {text}")
         elif word == "tool" and rest:
             run.tool_call(rest)
         elif word == "usage" and len(rest.split()) == 2:

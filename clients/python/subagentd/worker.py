@@ -30,6 +30,11 @@ names the run and sends its reports again, and the server applies only those
 its store did not keep, so nothing the handler reported is lost or counted
 twice.
 
+A continued agent's run (`SpawnRequest.continue_from`) carries the
+conversation so far in `run.transcript` and the session this worker returned
+for the previous turn in `run.previous_session`; set `run.session` to have the
+next turn get yours.
+
 Each assignment runs `handler(run)` on its own thread (at most `capacity` at
 once, which is what the server assigns). The handler's return value is the
 run's result; raising `RunFailed` (or any exception) fails the run. Blocking
@@ -99,6 +104,18 @@ class Run:
         #: W3C trace context of the run (always set; its trace id is the
         #: agent's ``trace_id``), to parent this worker's own spans.
         self.traceparent: str = assignment.traceparent
+        #: A continuation's history (``SpawnRequest.continue_from``): the
+        #: earlier turns' entries (prompts, steer messages, tool calls,
+        #: results), oldest first, as ``subagents_pb2.TranscriptEntry``;
+        #: empty for the first turn of a conversation.
+        self.transcript: List[subagents_pb2.TranscriptEntry] = list(assignment.transcript)
+        #: The session this worker returned for the previous turn (see
+        #: ``session``), or "" when it returned none: resume it.
+        self.previous_session: str = assignment.session
+        #: This run's own session, returned with its end so that the run
+        #: that continues this agent gets it as ``previous_session``. Set it
+        #: any time before the handler returns (or raises).
+        self.session: str = ""
         self._send = send
         self._steers: "queue.Queue[str]" = queue.Queue()
         for message in assignment.steer_messages:
@@ -406,14 +423,14 @@ class Worker:
             result = self.handler(run)
             if run.cancelled:
                 # Confirms the stop so the server frees the slot at once.
-                run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=run.cancel_reason))
+                run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=run.cancel_reason, session=run.session))
             else:
-                run._event(done=workers_pb2.RunDone(result=result if isinstance(result, str) else str(result)))
+                run._event(done=workers_pb2.RunDone(result=result if isinstance(result, str) else str(result), session=run.session))
         except Cancelled as e:
-            run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=e.reason))
+            run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=e.reason, session=run.session))
         except RunFailed as e:
-            run._event(failed=workers_pb2.RunFailed(code=e.code, message=e.message))
+            run._event(failed=workers_pb2.RunFailed(code=e.code, message=e.message, session=run.session))
         except Exception as e:  # the handler's bug is the run's failure
             log.exception("run %s failed", run.id)
-            run._event(failed=workers_pb2.RunFailed(code="WORKER_EXCEPTION", message=f"{type(e).__name__}: {e}"))
+            run._event(failed=workers_pb2.RunFailed(code="WORKER_EXCEPTION", message=f"{type(e).__name__}: {e}", session=run.session))
         # The run stays held until the server releases it (see `released`).

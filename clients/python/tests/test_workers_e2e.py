@@ -218,6 +218,27 @@ class WorkerEndToEnd(unittest.TestCase):
         self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
         self.assertEqual(done.result, "picked up")
 
+    def test_a_continued_run_gets_the_transcript_and_the_session_the_worker_returned(self):
+        s = self.start()
+        self.worker(s)
+        first = s.spawn("coder", "tool grep\nsession sess-42\noutput found it")
+        self.assertEqual(s.await_one(first.id).status, pb.AGENT_STATUS_DONE)
+        second = s.agents.Spawn(
+            pb.SpawnRequest(continue_from=first.id, prompt="history", background=True), timeout=TIMEOUT
+        ).agent
+        self.assertEqual((second.agent, second.turn, second.conversation_id), ("coder", 2, first.id))
+        done = s.await_one(second.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual(
+            done.result.splitlines(),
+            [
+                "previous session: sess-42",
+                "turn 1 prompt: tool grep\\nsession sess-42\\noutput found it",
+                "turn 1 tool_call: grep",
+                "turn 1 result: found it",
+            ],
+        )
+
     def test_a_worker_run_spawns_two_children_and_awaits_them(self):
         s = self.start()
         self.worker(s, "spawning_worker.py", "--agents", "planner", "--child-agent", "simulated")

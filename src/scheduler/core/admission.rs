@@ -640,6 +640,12 @@ impl Core {
             // Kept until the agent ends: a retried run needs it again.
             let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
             let traceparent: Arc<str> = rec.trace_context().traceparent().into();
+            let history = rec
+                .view
+                .continuation
+                .as_ref()
+                .and_then(|_| self.conversations.history(id))
+                .map(Arc::new);
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
@@ -649,6 +655,7 @@ impl Core {
                         steer_messages: waiting_steers,
                         deadline: now + rec.timeout(),
                         traceparent: traceparent.clone(),
+                        history: history.clone(),
                     })),
                 );
             }
@@ -667,12 +674,7 @@ impl Core {
                     .map(|r| r.progress.clone())
                     .expect("run controls exist"),
                 stale_timeout: self.runs.stale_timeout,
-                history: rec
-                    .view
-                    .continuation
-                    .as_ref()
-                    .and_then(|_| self.conversations.history(id))
-                    .map(Arc::new),
+                history,
             };
             self.starts.push(start);
         }

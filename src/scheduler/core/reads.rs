@@ -224,10 +224,7 @@ impl Core {
                 }
             });
         };
-        let notice = (elided.entries > 0 || elided.bytes > 0).then(|| TranscriptItem::Elided {
-            at: elided.at.unwrap_or(std::time::UNIX_EPOCH),
-            text: elided.notice(self.conversations.max_bytes()).into(),
-        });
+        let notice = elided.any().then_some(TranscriptItem::Elided(elided));
         let all: Vec<TranscriptItem> = notice
             .into_iter()
             .chain(

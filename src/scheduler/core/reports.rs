@@ -175,6 +175,14 @@ impl Core {
         self.end_run(id, AgentStatus::Failed, error);
         None
     }
+
+    /// A run reported its own session (a worker's, a program's session
+    /// id): the run that continues `id` gets it back.
+    pub fn set_session(&mut self, id: AgentId, session: Option<String>) {
+        if let Some(session) = session.filter(|s| !s.is_empty()) {
+            self.conversations.set_session(id, session.into());
+        }
+    }
 }
 
 fn add_to(total: &mut Usage, more: Usage) {

@@ -240,8 +240,14 @@ impl Core {
                     .pause_for_approval(agent, &tool_name, &detail, None)
                     .is_some();
             }
-            WorkerEvent::Done(result) => return self.finish(agent, Ok(result)),
-            WorkerEvent::Failed(error) => return self.finish(agent, Err(error)),
+            WorkerEvent::Done { result, session } => {
+                self.set_session(agent, session);
+                return self.finish(agent, Ok(result));
+            }
+            WorkerEvent::Failed { error, session } => {
+                self.set_session(agent, session);
+                return self.finish(agent, Err(error));
+            }
         }
         true
     }
