@@ -833,6 +833,18 @@ pub struct AgentTypeConfig {
     /// 1 MiB); the rest is cut with a marker while the run goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// Runners with turns (openai, worker, simulated): turns a run may take
+    /// before it is asked to wrap up; 0 (default) = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
+    /// Turns a run may take after `max_turns` to wrap up (default 5); a run
+    /// still going after them fails with `TURN_LIMIT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_turns: Option<u32>,
+    /// The input of the first turn past `max_turns` (a steer for a
+    /// worker); default [`DEFAULT_WRAP_UP_MESSAGE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrap_up_message: Option<String>,
     /// OpenAI runner: the API root, e.g. `http://127.0.0.1:11434/v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
@@ -868,6 +880,14 @@ pub struct AgentTypeConfig {
     pub continuable: Option<bool>,
 }
 
+/// Default `[agents.NAME] grace_turns`.
+pub const DEFAULT_GRACE_TURNS: u32 = 5;
+/// Default `[agents.NAME] wrap_up_message`.
+pub const DEFAULT_WRAP_UP_MESSAGE: &str =
+    "You have reached your turn limit. Stop starting new work: \
+finish what you are doing, then give your final answer now, summarising what you did and what \
+is left.";
+
 /// Default `request_timeout` of openai runs.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -892,6 +912,23 @@ impl AgentTypeConfig {
     /// How the prompt reaches a command run.
     pub fn prompt_input(&self) -> PromptInput {
         self.prompt.unwrap_or_default()
+    }
+
+    /// `max_turns` (0 = unlimited).
+    pub fn max_turns(&self) -> u32 {
+        self.max_turns.unwrap_or(0)
+    }
+
+    /// `grace_turns`.
+    pub fn grace_turns(&self) -> u32 {
+        self.grace_turns.unwrap_or(DEFAULT_GRACE_TURNS)
+    }
+
+    /// `wrap_up_message`.
+    pub fn wrap_up_message(&self) -> &str {
+        self.wrap_up_message
+            .as_deref()
+            .unwrap_or(DEFAULT_WRAP_UP_MESSAGE)
     }
 
     /// Whether agents of this type can be continued or forked.
@@ -977,6 +1014,23 @@ impl AgentTypeConfig {
                 key(k),
                 format!("applies only to runner = \"{owner}\""),
             ));
+        }
+        if self.runner == RunnerKind::Command {
+            for (k, set) in [
+                ("max_turns", self.max_turns.is_some()),
+                ("grace_turns", self.grace_turns.is_some()),
+                ("wrap_up_message", self.wrap_up_message.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(
+                        key(k),
+                        "applies only to runners with turns (openai, worker, simulated)",
+                    ));
+                }
+            }
+        }
+        if self.wrap_up_message.as_deref() == Some("") {
+            return Err(invalid(key("wrap_up_message"), "must not be empty"));
         }
         if self.runner == RunnerKind::Openai {
             return self.validate_openai(name);

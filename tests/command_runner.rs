@@ -1096,3 +1096,18 @@ fn continue_args_need_a_session_placeholder_and_the_command_runner() {
     assert_eq!(key, "agents.x.continue_args");
     assert!(rule.contains("runner = \"command\""), "{rule}");
 }
+
+#[test]
+fn turn_limits_do_not_apply_to_command_types() {
+    for key in [
+        "max_turns = 3",
+        "grace_turns = 1",
+        "wrap_up_message = \"stop\"",
+    ] {
+        let (k, rule) = invalid_key(&format!(
+            "[agents.x]\nrunner = \"command\"\ncommand = [\"cli\"]\n{key}\n"
+        ));
+        assert!(k.starts_with("agents.x."), "{k}");
+        assert!(rule.contains("runners with turns"), "{rule}");
+    }
+}

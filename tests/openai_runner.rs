@@ -640,3 +640,92 @@ fn the_openai_keys_are_validated() {
     assert_eq!(key, "agents.llm.cwd");
     assert_eq!(rule, "applies only to runner = \"command\"");
 }
+
+/// One streamed completion of `reply` that waits at `gate` before its
+/// usage, so a test can steer while it runs.
+fn gated(reply: &str, gate: &Arc<Notify>) -> Reply {
+    Reply::Stream(vec![
+        text(reply),
+        Piece::Gate(gate.clone()),
+        Piece::Usage {
+            prompt: 1,
+            completion: 1,
+        },
+    ])
+}
+
+#[tokio::test]
+async fn past_max_turns_a_completion_gets_the_wrap_up_and_past_the_grace_the_run_fails_turn_limit()
+{
+    // max_turns = 1, grace_turns = 1: turn 2 gets the wrap-up, turn 3 does
+    // not run. Every completion is steered into another turn.
+    let gate = Arc::new(Notify::new());
+    let replies = gate.clone();
+    let mut fake = Fake::start(move |n| gated(&format!("turn {}", n + 1), &replies)).await;
+    let mut s = TestServer::start(&openai_type(
+        "llm",
+        &fake.base_url,
+        "max_turns = 1\ngrace_turns = 1\nwrap_up_message = \"Wrap up now.\"",
+    ))
+    .await;
+    let mut events = watch_progress(&mut s.client).await;
+    let a = spawn(&mut s.client, spawn_req("llm", "local/m", "do the task")).await;
+    for turn in 1..=2 {
+        wait_for_output(&mut events, &a.id, &format!("turn {turn}")).await;
+        steer(&mut s.client, &a.id, &format!("more {turn}")).await;
+        gate.notify_one();
+    }
+    let failed = ended(&mut s.client, &a.id).await;
+    assert_eq!(status(&failed), pb::AgentStatus::Failed, "{failed:?}");
+    let error = failed.error.as_ref().unwrap();
+    assert_eq!(error.code, "TURN_LIMIT");
+    assert!(error.message.contains("max_turns = 1"), "{}", error.message);
+    assert_eq!(
+        failed.result, "turn 1turn 2",
+        "the output produced so far is the result"
+    );
+    fake.wait_for_request(1).await;
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2, "no third completion");
+    assert_eq!(
+        requests[1].messages(),
+        [
+            ("user".to_owned(), "do the task".to_owned()),
+            ("assistant".to_owned(), "turn 1".to_owned()),
+            ("user".to_owned(), "more 1".to_owned()),
+            ("user".to_owned(), "Wrap up now.".to_owned()),
+        ]
+    );
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_run_that_ends_within_its_grace_turns_is_done() {
+    let gate = Arc::new(Notify::new());
+    let replies = gate.clone();
+    let mut fake = Fake::start(move |n| match n {
+        0 => gated("working", &replies),
+        _ => completion(&["final answer"], 1, 1),
+    })
+    .await;
+    let mut s = TestServer::start(&openai_type("llm", &fake.base_url, "max_turns = 1")).await;
+    let mut events = watch_progress(&mut s.client).await;
+    let a = spawn(&mut s.client, spawn_req("llm", "local/m", "do the task")).await;
+    wait_for_output(&mut events, &a.id, "working").await;
+    steer(&mut s.client, &a.id, "and X").await;
+    gate.notify_one();
+    let done = ended(&mut s.client, &a.id).await;
+    assert_eq!(status(&done), pb::AgentStatus::Done, "{done:?}");
+    assert_eq!(done.result, "final answer");
+    fake.wait_for_request(1).await;
+    let second = fake.requests()[1].messages();
+    assert_eq!(
+        second.last().unwrap(),
+        &(
+            "user".to_owned(),
+            subagentd::config::DEFAULT_WRAP_UP_MESSAGE.to_owned()
+        ),
+        "the default wrap-up message"
+    );
+    s.handle.shutdown().await.unwrap();
+}

@@ -975,6 +975,7 @@ pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent
             tool_name: a.tool_name,
             detail: a.detail,
         },
+        E::TurnStarted(_) => WorkerEvent::TurnStarted,
         E::Done(d) => WorkerEvent::Done {
             result: d.result,
             session: non_empty(d.session),

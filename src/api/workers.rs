@@ -199,6 +199,7 @@ fn worker_event_name(event: &crate::scheduler::WorkerEvent) -> &'static str {
         E::ToolCall { .. } => "tool_call",
         E::Usage(_) => "usage",
         E::ApprovalRequest { .. } => "approval_request",
+        E::TurnStarted => "turn_started",
         E::Done { .. } => "done",
         E::Failed { .. } => "failed",
     }

@@ -25,7 +25,7 @@ use super::{Run, RunOutcome, Runner};
 use crate::config::AgentTypeConfig;
 use crate::scheduler::{
     conversation::{EntryKind, History},
-    AgentError, Usage,
+    AgentError, TurnVerdict, Usage, CODE_TURN_LIMIT,
 };
 
 /// Requests per completion, retries included.
@@ -88,6 +88,14 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
     }
     messages.push(json!({"role": "user", "content": &*run.prompt}));
     loop {
+        match run.reporter.turn_started() {
+            TurnVerdict::Go => {}
+            TurnVerdict::WrapUp(message) => {
+                messages.push(json!({"role": "user", "content": &*message}));
+            }
+            // Ended by the scheduler, which drops this future.
+            TurnVerdict::Stop => return Err(AgentError::new(CODE_TURN_LIMIT, "turn limit")),
+        }
         let text = request.complete(&messages, &run).await?;
         messages.push(json!({"role": "assistant", "content": text}));
         let mut steered = false;

@@ -19,6 +19,9 @@
 //!   `result` (or `failed`/`cancelled`), newlines in the text shown as
 //!   `\n`; first `elided: <notice>` when older entries were elided;
 //!   `history: none` on a conversation's first turn;
+//! - `turn` starts a turn of the agent's loop (`[agents.NAME] max_turns`):
+//!   the first turn past `max_turns` appends `wrap-up: <wrap_up_message>`;
+//!   a turn past `max_turns + grace_turns` ends the run FAILED `TURN_LIMIT`;
 //! - any other line is appended to the result as is.
 //!
 //! Each steer message received appends `steer: <message>` once, when it is
@@ -33,7 +36,7 @@ use futures_util::future::BoxFuture;
 use super::{Run, RunOutcome, RunReporter, Runner};
 use crate::scheduler::{
     conversation::{EntryKind, History},
-    AgentError, AgentStatus, Usage, CODE_RUN_FAILED,
+    AgentError, AgentStatus, TurnVerdict, Usage, CODE_RUN_FAILED,
 };
 
 /// See the module docs.
@@ -57,6 +60,7 @@ enum Directive<'a> {
     Fail(&'a str),
     WaitSteer,
     History,
+    Turn,
     Text(&'a str),
 }
 
@@ -79,6 +83,7 @@ fn parse(line: &str) -> Directive<'_> {
         "fail" => Directive::Fail(rest),
         "wait_steer" if rest.is_empty() => Directive::WaitSteer,
         "history" if rest.is_empty() => Directive::History,
+        "turn" if rest.is_empty() => Directive::Turn,
         _ => Directive::Text(line),
     }
 }
@@ -139,6 +144,12 @@ async fn simulate(run: Run) -> RunOutcome {
             Directive::Fail(message) => {
                 return Err(AgentError::new(CODE_RUN_FAILED, message));
             }
+            Directive::Turn => match script.reporter.turn_started() {
+                TurnVerdict::Go => {}
+                TurnVerdict::WrapUp(message) => script.emit(format!("wrap-up: {message}")),
+                // Ended by the scheduler, which drops this future.
+                TurnVerdict::Stop => std::future::pending().await,
+            },
             Directive::History => {
                 for line in history_lines(history.as_deref()) {
                     script.emit(line);

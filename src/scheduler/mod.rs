@@ -898,6 +898,8 @@ pub trait RemoteReports: Send + Sync + 'static {
     fn usage(&self, usage: Usage);
     /// The run's own session, sent with its terminal report.
     fn session(&self, session: &str);
+    /// The run starts a turn.
+    fn turn_started(&self);
     /// Asks for a decision and resolves to it; never resolves if the run
     /// is stopped first (the run future is dropped then).
     fn request_approval(
@@ -969,6 +971,19 @@ impl RunReporter {
             // May trip a circuit breaker, which ends the run and frees slots.
             ReportSink::Core(s) => s.with_core(|c| c.record_tool_call(self.id, name, input_digest)),
             ReportSink::Remote(r) => r.tool_call(name, input_digest),
+        }
+    }
+
+    /// The run starts a turn (one model call of its loop); see
+    /// [`Core::turn_started`]. In a worker process the server decides, and
+    /// sends a wrap-up as a steer and a stop as a cancel: this says Go.
+    pub fn turn_started(&self) -> TurnVerdict {
+        match &self.sink {
+            ReportSink::Core(s) => s.with_core(|c| c.turn_started(self.id)),
+            ReportSink::Remote(r) => {
+                r.turn_started();
+                TurnVerdict::Go
+            }
         }
     }
 

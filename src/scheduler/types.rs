@@ -108,12 +108,28 @@ pub const CODE_RUN_FAILED: &str = "RUN_FAILED";
 /// Error code of a run stopped by a circuit breaker (`[runs]
 /// max_tool_calls`, `max_identical_tool_calls`).
 pub const CODE_CIRCUIT_BREAKER: &str = "CIRCUIT_BREAKER";
+/// Error code of a run stopped after `[agents.NAME] max_turns` +
+/// `grace_turns` turns.
+pub const CODE_TURN_LIMIT: &str = "TURN_LIMIT";
 /// Error code of a run that reported nothing for `[runs] stale_timeout`.
 pub const CODE_STALE: &str = "STALE";
 /// Error code of a run whose worker was lost.
 pub const CODE_WORKER_LOST: &str = "WORKER_LOST";
 /// Error code of an in-process run that a server restart interrupted.
 pub const CODE_SERVER_RESTARTED: &str = "SERVER_RESTARTED";
+
+/// What a run that starts a turn is told (`[agents.NAME] max_turns`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnVerdict {
+    /// Go on.
+    Go,
+    /// Go on, with this wrap-up message as (part of) the turn's input: the
+    /// first turn past `max_turns`.
+    WrapUp(Arc<str>),
+    /// Past `max_turns + grace_turns`: the run has been ended (FAILED
+    /// `TURN_LIMIT`) and is about to be dropped.
+    Stop,
+}
 
 /// A pending approval.
 #[derive(Debug, Clone, PartialEq, Eq)]

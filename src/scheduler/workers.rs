@@ -147,6 +147,8 @@ pub enum WorkerEvent {
         /// Details for the decider.
         detail: String,
     },
+    /// The run starts a turn (`[agents.NAME] max_turns`).
+    TurnStarted,
     /// Finished with a result (terminal).
     Done {
         /// The result.

@@ -693,6 +693,10 @@ impl RemoteReports for Reports {
         }));
     }
 
+    fn turn_started(&self) {
+        self.report(Event::TurnStarted(pb::TurnStarted {}));
+    }
+
     fn session(&self, session: &str) {
         let mut state = self.worker.state.lock();
         if let Some(run) = state.runs.get_mut(&self.agent_id) {

@@ -10,6 +10,7 @@ tests:
     wait_steer        wait for a steer message; appends "steer: <message>"
     hang              wait until the server stops the run
     fail <message>    fail the run with code RUN_FAILED
+    turn              report the start of a turn (max_turns)
     session <id>      return <id> as this run's session (the run that
                       continues the agent gets it back)
     history           append "previous session: <id or none>", then one
@@ -41,6 +42,8 @@ def handle(run: Run) -> str:
         rest = rest.strip()
         if word == "output":
             emit(rest)
+        elif word == "turn" and not rest:
+            run.turn_started()
         elif word == "session" and rest:
             run.session = rest
         elif word == "history":

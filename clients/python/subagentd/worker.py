@@ -139,6 +139,16 @@ class Run:
         """Reports a tool call (counted in the agent's usage)."""
         self._event(tool_call=subagents_pb2.ToolCall(name=name, input_digest=input_digest))
 
+    def turn_started(self) -> None:
+        """Reports that the run starts a turn (one model call of its loop).
+
+        With ``[agents.NAME] max_turns`` set, the server sends the type's
+        wrap-up message as a steer (see ``next_steer``) when turn
+        ``max_turns`` starts, to be the next turn's input, and stops the run
+        (FAILED ``TURN_LIMIT``) when a turn past ``max_turns + grace_turns``
+        starts."""
+        self._event(turn_started=workers_pb2.TurnStarted())
+
     def usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
         """Adds token usage to the agent."""
         self._event(usage=workers_pb2.TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens))

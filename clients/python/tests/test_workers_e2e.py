@@ -37,6 +37,9 @@ max_concurrent_per_parent = 0
 
 [agents.coder]
 runner = "worker"
+max_turns = 1
+grace_turns = 1
+wrap_up_message = "finish now"
 
 [agents.planner]
 runner = "worker"
@@ -238,6 +241,15 @@ class WorkerEndToEnd(unittest.TestCase):
                 "turn 1 result: found it",
             ],
         )
+
+    def test_turn_limits_send_the_wrap_up_as_a_steer_then_stop_the_run(self):
+        s = self.start()
+        self.worker(s)
+        a = s.spawn("coder", "turn\nwait_steer\nturn\nturn\noutput never")
+        failed = s.await_one(a.id)
+        self.assertEqual(failed.status, pb.AGENT_STATUS_FAILED, failed)
+        self.assertEqual(failed.error.code, "TURN_LIMIT")
+        self.assertEqual(failed.result, "steer: finish now")
 
     def test_a_worker_run_spawns_two_children_and_awaits_them(self):
         s = self.start()

@@ -110,6 +110,8 @@ struct RunControl {
     /// it came, for `[runs] max_identical_tool_calls`.
     last_call: Option<(Box<str>, Box<str>)>,
     identical_calls: u32,
+    /// Turns the run started, for `[agents.NAME] max_turns`.
+    turns: u32,
     /// When the run last reported anything, for `[runs] stale_timeout`.
     progress: Arc<RunProgress>,
     /// A command run's process group, once the runner reported it.
@@ -134,6 +136,7 @@ impl RunControl {
             decision: None,
             last_call: None,
             identical_calls: 0,
+            turns: 0,
             progress: Arc::new(RunProgress::new()),
             process_group: None,
             report_seq: 0,

@@ -1,7 +1,7 @@
 //! What a live run reports: output, tool calls (and their circuit
 //! breakers), usage, and the progress clock the stale watch reads.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use super::Core;
 use crate::scheduler::{events::Progress, types::*};
@@ -174,6 +174,70 @@ impl Core {
         );
         self.end_run(id, AgentStatus::Failed, error);
         None
+    }
+
+    /// The run of `id` starts a turn. With `[agents.NAME] max_turns` set,
+    /// the first turn past it gets the type's wrap-up message as input (a
+    /// worker gets it as a steer when turn `max_turns` starts, to read as
+    /// its next turn's input), and a turn past `max_turns + grace_turns`
+    /// ends the run FAILED `TURN_LIMIT`, its output so far kept as the
+    /// result.
+    pub fn turn_started(&mut self, id: AgentId) -> TurnVerdict {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return TurnVerdict::Stop;
+        };
+        let Some(run) = rec.run.as_mut() else {
+            return TurnVerdict::Go;
+        };
+        if rec.view.status != AgentStatus::Running {
+            // Ending, or waiting for an approval.
+            return TurnVerdict::Go;
+        }
+        run.progress.touch();
+        run.turns += 1;
+        let turn = run.turns;
+        let (agent, worker) = (rec.view.agent.clone(), rec.view.worker_id);
+        let on_worker = rec.runner == crate::config::RunnerKind::Worker;
+        let Some(cfg) = self.agent_types.get(&*agent) else {
+            return TurnVerdict::Go;
+        };
+        let (max, grace) = (cfg.max_turns(), cfg.grace_turns());
+        if max == 0 {
+            return TurnVerdict::Go;
+        }
+        let message: Arc<str> = cfg.wrap_up_message().into();
+        if u64::from(turn) > u64::from(max) + u64::from(grace) {
+            let error = AgentError::new(
+                CODE_TURN_LIMIT,
+                format!(
+                    "the run was still going after {} turns: [agents.{agent}] max_turns = {max} \
+                     plus grace_turns = {grace}",
+                    turn - 1,
+                ),
+            );
+            self.end_run(id, AgentStatus::Failed, error);
+            return TurnVerdict::Stop;
+        }
+        let now = std::time::SystemTime::now();
+        let steer = crate::scheduler::conversation::EntryKind::Steer;
+        match (on_worker, worker) {
+            (true, Some(worker)) if turn == max => {
+                self.workers.send(
+                    worker,
+                    crate::scheduler::workers::WorkerCommand::Steer {
+                        agent_id: id,
+                        message: message.to_string(),
+                    },
+                );
+                self.conversations.record(id, steer, message, now);
+                TurnVerdict::Go
+            }
+            (false, _) if turn == max + 1 => {
+                self.conversations.record(id, steer, message.clone(), now);
+                TurnVerdict::WrapUp(message)
+            }
+            _ => TurnVerdict::Go,
+        }
     }
 
     /// A run reported its own session (a worker's, a program's session

@@ -240,6 +240,9 @@ impl Core {
                     .pause_for_approval(agent, &tool_name, &detail, None)
                     .is_some();
             }
+            WorkerEvent::TurnStarted => {
+                self.turn_started(agent);
+            }
             WorkerEvent::Done { result, session } => {
                 self.set_session(agent, session);
                 return self.finish(agent, Ok(result));
