@@ -833,6 +833,11 @@ pub struct AgentTypeConfig {
     /// 1 MiB); the rest is cut with a marker while the run goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// Models to move to, in order, when a run fails with a retryable
+    /// provider error (rate limit or quota, 5xx, overloaded, unknown
+    /// model, missing credentials), each "provider/model".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
     /// Runners with turns (openai, worker, simulated): turns a run may take
     /// before it is asked to wrap up; 0 (default) = unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1027,6 +1032,16 @@ impl AgentTypeConfig {
                         "applies only to runners with turns (openai, worker, simulated)",
                     ));
                 }
+            }
+        }
+        for (i, model) in self.fallback_models.iter().enumerate() {
+            if crate::scheduler::ModelRef::parse(model).is_none() {
+                return Err(invalid(
+                    key(&format!("fallback_models[{i}]")),
+                    format!(
+                        "must be \"provider/model\" with both parts non-empty (got \"{model}\")"
+                    ),
+                ));
             }
         }
         if self.wrap_up_message.as_deref() == Some("") {

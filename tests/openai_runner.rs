@@ -729,3 +729,99 @@ async fn a_run_that_ends_within_its_grace_turns_is_done() {
     );
     s.handle.shutdown().await.unwrap();
 }
+
+/// An error reply with an OpenAI `code` (error_reply sets none).
+fn coded_error(status: u16, code: &str) -> Reply {
+    Reply::Error {
+        status,
+        retry_after: None,
+        body: serde_json::json!({
+            "error": {"message": "no such model", "type": "invalid_request_error", "code": code}
+        })
+        .to_string(),
+    }
+}
+
+#[tokio::test]
+async fn retryable_provider_errors_fall_back_through_the_chain_after_the_runners_own_retries() {
+    // The runner tries each model MAX_ATTEMPTS times (Retry-After: 0, so at
+    // once): requests 0..4 are model a (429), 4..8 model b (503), then c.
+    let attempts = subagentd::runner::openai::MAX_ATTEMPTS as usize;
+    let mut fake = Fake::start(move |n| match n / attempts {
+        0 => error_reply(429, Some("0"), "slow down", "rate_limit_error"),
+        1 => error_reply(503, Some("0"), "overloaded", "server_error"),
+        _ => completion(&["from c"], 1, 1),
+    })
+    .await;
+    let mut s = TestServer::start(&openai_type(
+        "llm",
+        &fake.base_url,
+        "fallback_models = [\"local/b\", \"local/c\"]",
+    ))
+    .await;
+    let a = spawn(&mut s.client, spawn_req("llm", "local/a", "hi")).await;
+    let done = ended(&mut s.client, &a.id).await;
+    assert_eq!(status(&done), pb::AgentStatus::Done, "{done:?}");
+    assert_eq!(
+        (done.result.as_str(), done.model.as_str()),
+        ("from c", "local/c")
+    );
+    let codes: Vec<(&str, &str)> = done
+        .attempts
+        .iter()
+        .map(|x| {
+            (
+                x.model.as_str(),
+                x.error.as_ref().map_or("", |e| e.code.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            ("local/a", "PROVIDER_429"),
+            ("local/b", "PROVIDER_503"),
+            ("local/c", "")
+        ]
+    );
+    fake.wait_for_request(2 * attempts).await;
+    let models: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| r.body["model"].as_str().unwrap().to_owned())
+        .collect();
+    let mut expected = vec!["a".to_owned(); attempts];
+    expected.extend(vec!["b".to_owned(); attempts]);
+    expected.push("c".to_owned());
+    assert_eq!(
+        models, expected,
+        "each model after the runner's own retries"
+    );
+    s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unknown_model_falls_back_by_its_error_code_and_a_plain_400_does_not() {
+    let fake = Fake::start(|n| match n {
+        0 => coded_error(400, "model_not_found"),
+        1 => completion(&["ok"], 1, 1),
+        _ => error_reply(400, None, "bad request", "invalid_request_error"),
+    })
+    .await;
+    let mut s = TestServer::start(&openai_type(
+        "llm",
+        &fake.base_url,
+        "fallback_models = [\"local/b\"]",
+    ))
+    .await;
+    let a = spawn(&mut s.client, spawn_req("llm", "local/a", "hi")).await;
+    let a = ended(&mut s.client, &a.id).await;
+    assert_eq!(status(&a), pb::AgentStatus::Done, "{a:?}");
+    assert_eq!((a.model.as_str(), a.attempt), ("local/b", 2));
+    let b = spawn(&mut s.client, spawn_req("llm", "local/a", "again")).await;
+    let b = ended(&mut s.client, &b.id).await;
+    assert_eq!(status(&b), pb::AgentStatus::Failed, "{b:?}");
+    assert_eq!(b.error.as_ref().unwrap().code, "PROVIDER_400");
+    assert_eq!((b.model.as_str(), b.attempt), ("local/a", 1), "no fallback");
+    s.handle.shutdown().await.unwrap();
+}

@@ -49,6 +49,9 @@ const LEADS: [&str; 2] = ["lead-0", "lead-1"];
 /// (the model's workers connect there; a worker serves one tenant).
 const TENANTS: [&str; 2] = [subagentd::scheduler::DEFAULT_TENANT, "tenant-b"];
 const AGENT_TYPE: &str = "simulated";
+/// `fallback_models` of `AGENT_TYPE`: an agent on `p1/a` moves to `p1/b`,
+/// then `p2/c`; one on `p2/c` has no model left.
+const FALLBACK: [&str; 2] = ["p1/b", "p2/c"];
 /// An agent type run by workers; a lost worker's run is retried once.
 const WORKER_TYPE: &str = "worker";
 
@@ -151,6 +154,11 @@ enum Op {
     FinishOk(Index),
     /// A running or awaiting agent's run fails (or hits its deadline).
     FinishFail(Index),
+    /// A running simulated agent's run fails with a retryable provider
+    /// error: it moves to the next model of `FALLBACK` (another bucket, or
+    /// the same one when both models share a provider entry), or fails
+    /// once the chain is exhausted.
+    FallBack(Index),
     /// Cancel any agent, ended ones included.
     Cancel(Index),
     /// Cancel a lead's agents in a tenant.
@@ -254,6 +262,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<Index>().prop_map(Op::GraceExpires),
         3 => any::<Index>().prop_map(Op::FinishOk),
         1 => any::<Index>().prop_map(Op::FinishFail),
+        2 => any::<Index>().prop_map(Op::FallBack),
         2 => any::<Index>().prop_map(Op::Cancel),
         1 => (0..LEADS.len(), 0..TENANTS.len()).prop_map(|(l, t)| Op::CancelLead(l, t)),
         2 => any::<Index>().prop_map(Op::RequestApproval),
@@ -405,6 +414,7 @@ fn agent_types() -> BTreeMap<String, AgentTypeConfig> {
             AgentTypeConfig {
                 runner: RunnerKind::Simulated,
                 retry_on_worker_lost: 0,
+                fallback_models: FALLBACK.map(str::to_owned).to_vec(),
                 ..AgentTypeConfig::default()
             },
         ),
@@ -607,6 +617,13 @@ impl Harness {
             self.agents.insert(id, Meta::from_view(&ev.agent, seq));
             self.order.push(id);
         }
+        // A fallback: the agent moved to another model (and maybe bucket)
+        // and is queued there even if it can start at once (the drain then
+        // starts it in the same step).
+        let fallback = ev.kind == EventKind::Retrying && *ev.agent.model != self.agents[&id].model;
+        if fallback {
+            self.agents.get_mut(&id).expect("known agent").model = ev.agent.model.to_string();
+        }
         let meta = self.agents[&id].clone();
         let (to, from): (AgentStatus, &[Option<AgentStatus>]) = match ev.kind {
             EventKind::Queued => (Queued, &[None, Some(AwaitingApproval)]),
@@ -641,7 +658,7 @@ impl Harness {
         if meta.background && to == Running {
             self.check_start_allowed(&meta);
         }
-        if to == Queued {
+        if to == Queued && !fallback {
             assert!(
                 meta.background || meta.worker_type,
                 "{ctx}: foreground agent #{} queued without waiting for a worker",
@@ -659,7 +676,7 @@ impl Harness {
         }
         // Worker capacity at the moment of the event is not observable
         // here; for worker types the step-end checks decide eligibility.
-        if to == Queued && !meta.worker_type {
+        if to == Queued && !meta.worker_type && !fallback {
             let r = self.running();
             assert!(
                 !self.eligible(&meta, &r),
@@ -778,6 +795,7 @@ impl Harness {
             Op::GraceExpires(i) => self.grace_expires(i),
             Op::FinishOk(i) => self.finish(i, true),
             Op::FinishFail(i) => self.finish(i, false),
+            Op::FallBack(i) => self.fall_back(i),
             Op::Cancel(i) => self.cancel(i),
             Op::CancelLead(l, t) => self.cancel_lead(LEADS[*l], TENANTS[*t]),
             Op::RequestApproval(i) => self.request_approval(i),
@@ -1111,6 +1129,79 @@ impl Harness {
         );
     }
 
+    fn fall_back(&mut self, i: &Index) {
+        let candidates: Vec<AgentId> = self
+            .ids_with(AgentStatus::Running)
+            .into_iter()
+            .filter(|id| !self.agents[id].worker_type)
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let id = *i.get(&candidates);
+        let from = self.agents[&id].model.clone();
+        let next = match FALLBACK.iter().position(|m| *m == from) {
+            Some(at) => FALLBACK.get(at + 1).copied(),
+            None => Some(FALLBACK[0]),
+        };
+        let cascade = self.live_descendants(id, true);
+        let attempts_before = self.core.view(id).expect("live agent").attempt;
+        self.core.mark_retryable(id);
+        let finished = self
+            .core
+            .finish(id, Err(AgentError::new("PROVIDER_503", "overloaded")));
+        let events = self.drain_events();
+        let ctx = &self.ctx;
+        let view = self.core.view(id).expect("known agent");
+        match next {
+            Some(model) => {
+                assert!(!finished, "{ctx}: a fallback is not the end of the agent");
+                assert!(
+                    events.contains(&(id, EventKind::Retrying)),
+                    "{ctx}: no RETRYING event for the fallback"
+                );
+                assert!(
+                    !events
+                        .iter()
+                        .any(|(a, k)| *a != id && *k == EventKind::Cancelled),
+                    "{ctx}: a fallback cancels nobody"
+                );
+                assert_eq!(*view.model, *model, "{ctx}: the next model of the chain");
+                assert_eq!(
+                    self.agents[&id].model, model,
+                    "{ctx}: events show the model"
+                );
+                assert!(view.status == AgentStatus::Queued || view.status == AgentStatus::Running);
+                let ended = &view.attempts.as_ref().expect("an ended attempt").ended;
+                let last = ended.last().expect("an ended attempt");
+                assert_eq!(
+                    (&*last.model, &*last.error.code),
+                    (from.as_str(), "PROVIDER_503"),
+                    "{ctx}: the ended attempt"
+                );
+                assert_eq!(
+                    ended.len() as u32,
+                    attempts_before,
+                    "{ctx}: one per ended run"
+                );
+            }
+            None => {
+                assert!(finished, "{ctx}: the exhausted chain ends the agent");
+                assert!(
+                    events.contains(&(id, EventKind::Failed)),
+                    "{ctx}: no FAILED event"
+                );
+                assert_eq!(view.error.as_ref().map(|e| &*e.code), Some("PROVIDER_503"));
+                let cancelled: HashSet<AgentId> = events
+                    .iter()
+                    .filter(|(_, k)| *k == EventKind::Cancelled)
+                    .map(|(a, _)| *a)
+                    .collect();
+                assert_eq!(cancelled, cascade, "{ctx}: the failure cascades");
+            }
+        }
+    }
+
     fn cancel(&mut self, i: &Index) {
         if self.order.is_empty() {
             return;
@@ -1439,6 +1530,7 @@ impl Harness {
             WorkerEvent::Failed {
                 error: AgentError::new("TOOL_ERROR", "boom"),
                 session: None,
+                retryable: false,
             }
         };
         let applied = self
@@ -2505,6 +2597,7 @@ fn a_numbered_worker_report_applies_once() {
     let end = WorkerEvent::Failed {
         error: AgentError::new("CANCELLED", "old attempt"),
         session: None,
+        retryable: false,
     };
     assert!(!core.worker_report(worker, agent.id, stale, end));
     let view = core.view(agent.id).unwrap();

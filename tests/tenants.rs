@@ -176,6 +176,57 @@ async fn another_tenants_agent_is_not_found_like_one_that_never_existed() {
                 })
             }),
         ),
+        (
+            "Spawn with continue_from",
+            Box::new(|mut c, id| {
+                Box::pin(async move {
+                    let req = pb::SpawnRequest {
+                        continue_from: id,
+                        prompt: "go on".into(),
+                        ..Default::default()
+                    };
+                    c.spawn(with_key(req, b)).await.unwrap_err()
+                })
+            }),
+        ),
+        (
+            "Spawn with continue_from and fork",
+            Box::new(|mut c, id| {
+                Box::pin(async move {
+                    let req = pb::SpawnRequest {
+                        continue_from: id,
+                        fork: true,
+                        prompt: "go on".into(),
+                        ..Default::default()
+                    };
+                    c.spawn(with_key(req, b)).await.unwrap_err()
+                })
+            }),
+        ),
+        (
+            "GetTranscript by agent",
+            Box::new(|mut c, id| {
+                Box::pin(async move {
+                    let req = pb::GetTranscriptRequest {
+                        agent_id: id,
+                        ..Default::default()
+                    };
+                    c.get_transcript(with_key(req, b)).await.unwrap_err()
+                })
+            }),
+        ),
+        (
+            "GetTranscript by conversation",
+            Box::new(|mut c, id| {
+                Box::pin(async move {
+                    let req = pb::GetTranscriptRequest {
+                        conversation_id: id,
+                        ..Default::default()
+                    };
+                    c.get_transcript(with_key(req, b)).await.unwrap_err()
+                })
+            }),
+        ),
     ];
     for (name, call) in &calls {
         let other = call(c.clone(), id.clone()).await;

@@ -1457,6 +1457,7 @@ async fn a_continued_worker_run_gets_the_transcript_and_the_session_its_worker_r
             code: "TOOL_ERROR".into(),
             message: "tests fail".into(),
             session: "worker-session-2".into(),
+            retryable: false,
         }),
     );
     w.released(&second.id).await;

@@ -14,9 +14,9 @@ use crate::scheduler::conversation::{
 };
 use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
-    AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, AwaitMode,
-    Continuation, Error, Event, EventKind, FieldViolation, HeldRun, ModelRef, Progress, SpawnSpec,
-    SteerDelivery, Usage, WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
+    AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome, Attempt, Attempts,
+    AwaitMode, Continuation, Error, Event, EventKind, FieldViolation, HeldRun, ModelRef, Progress,
+    SpawnSpec, SteerDelivery, Usage, WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
     CODE_RUN_FAILED,
 };
 
@@ -160,6 +160,19 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
     if req.agent.is_empty() && !continuing {
         v.add("agent", "is required: name a configured agent type");
     }
+    // Names are echoed in refusals (UNKNOWN_AGENT_TYPE, a model's bucket):
+    // bounded like every other name, so no answer outgrows a header.
+    for (field, name) in [("agent", &req.agent), ("model", &req.model)] {
+        if name.len() > MAX_KEY_BYTES {
+            v.add(
+                field,
+                format!(
+                    "is {} bytes; at most {MAX_KEY_BYTES} bytes allowed",
+                    name.len()
+                ),
+            );
+        }
+    }
     if req.fork && !continuing {
         v.add("fork", "needs continue_from: the agent to fork from");
     }
@@ -167,7 +180,7 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         if !continuing {
             v.add("model", "is required, as \"provider/model\"");
         }
-    } else if ModelRef::parse(&req.model).is_none() {
+    } else if req.model.len() <= MAX_KEY_BYTES && ModelRef::parse(&req.model).is_none() {
         v.add(
             "model",
             format!(
@@ -680,10 +693,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         finished_at: a.finished_at.map(timestamp),
         elapsed_ms: u64::try_from(a.elapsed(now).as_millis()).unwrap_or(u64::MAX),
         result: a.result.to_string(),
-        error: a.error.as_ref().map(|e| pb::AgentError {
-            code: e.code.to_string(),
-            message: e.message.to_string(),
-        }),
+        error: a.error.as_ref().map(error_to_pb),
         approval: a.approval.as_ref().map(|ap| pb::Approval {
             id: ap.id.to_string(),
             tool_name: ap.tool_name.to_string(),
@@ -710,6 +720,42 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
             .map(|c| c.continues_id.to_string())
             .unwrap_or_default(),
         turn: a.turn(),
+        attempts: attempts_to_pb(a),
+    }
+}
+
+/// Every attempt of `a`: the ended ones, then the current one once it
+/// started.
+fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
+    let ended = a.attempts.as_deref().map_or(&[][..], |x| &x.ended[..]);
+    let mut out: Vec<pb::AgentAttempt> = ended
+        .iter()
+        .zip(1..)
+        .map(|(x, n)| pb::AgentAttempt {
+            attempt: n,
+            model: x.model.to_string(),
+            error: Some(error_to_pb(&x.error)),
+            started_at: x.started_at.map(timestamp),
+            ended_at: Some(timestamp(x.ended_at)),
+        })
+        .collect();
+    if a.attempt as usize > ended.len() {
+        let ended_now = a.status.is_terminal();
+        out.push(pb::AgentAttempt {
+            attempt: a.attempt,
+            model: a.model.to_string(),
+            error: a.error.as_ref().filter(|_| ended_now).map(error_to_pb),
+            started_at: a.attempt_started_at().map(timestamp),
+            ended_at: a.finished_at.filter(|_| ended_now).map(timestamp),
+        });
+    }
+    out
+}
+
+fn error_to_pb(e: &AgentError) -> pb::AgentError {
+    pb::AgentError {
+        code: e.code.to_string(),
+        message: e.message.to_string(),
     }
 }
 
@@ -787,6 +833,24 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
                 continues_id: id("agent.continues_id", from)?,
                 turn: a.turn,
             })),
+        },
+        attempts: match a.attempts.split_last() {
+            Some((current, ended)) if !ended.is_empty() => Some(Arc::new(Attempts {
+                ended: ended
+                    .iter()
+                    .map(|x| Attempt {
+                        model: x.model.as_str().into(),
+                        error: x.error.as_ref().map_or_else(
+                            || AgentError::new("", ""),
+                            |e| AgentError::new(&e.code, e.message.clone()),
+                        ),
+                        started_at: time(&x.started_at),
+                        ended_at: time(&x.ended_at).unwrap_or(SystemTime::UNIX_EPOCH),
+                    })
+                    .collect(),
+                current_started_at: time(&current.started_at),
+            })),
+            _ => None,
         },
     })
 }
@@ -989,6 +1053,7 @@ pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent
             WorkerEvent::Failed {
                 error: AgentError::new(code, f.message),
                 session: non_empty(f.session),
+                retryable: f.retryable,
             }
         }
     };
@@ -1112,6 +1177,15 @@ mod tests {
                 conversation_id: parent,
                 continues_id: parent,
                 turn: 3,
+            })),
+            attempts: Some(Arc::new(Attempts {
+                ended: vec![Attempt {
+                    model: "openai/first".into(),
+                    error: AgentError::new("PROVIDER_429", "slow down"),
+                    started_at: Some(created + Duration::from_millis(5)),
+                    ended_at: created + Duration::from_millis(7),
+                }],
+                current_started_at: Some(created + Duration::from_millis(9)),
             })),
         };
         let back = agent_from_pb(&agent_to_pb(&agent, created)).unwrap();

@@ -496,6 +496,19 @@ mod tests {
             conversation_id: "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a".into(),
             continues_id: String::new(),
             turn: 1,
+            attempts: vec![pb::AgentAttempt {
+                attempt: 1,
+                model: "anthropic/claude-sonnet-4".into(),
+                error: Some(pb::AgentError {
+                    code: "DEADLINE_EXCEEDED".into(),
+                    message: "run exceeded 1m".into(),
+                }),
+                started_at: Some(Timestamp {
+                    seconds: 1_700_000_001,
+                    nanos: 500_000_000,
+                }),
+                ended_at: None,
+            }],
         }
     }
 

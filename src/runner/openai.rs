@@ -50,7 +50,15 @@ impl OpenAiRunner {
 
 impl Runner for OpenAiRunner {
     fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome> {
-        Box::pin(chat(self.client.clone(), run))
+        let (client, reporter) = (self.client.clone(), run.reporter.clone());
+        Box::pin(async move {
+            chat(client, run).await.map_err(|failure| {
+                if failure.retryable {
+                    reporter.retryable_failure();
+                }
+                failure.error
+            })
+        })
     }
 }
 
@@ -64,7 +72,58 @@ pub fn server_model(cfg: &AgentTypeConfig, model: &str) -> String {
     })
 }
 
-async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
+/// How a run failed, and whether another model may not fail so: rate
+/// limited or out of quota, 5xx or overloaded, unknown model, missing or
+/// refused credentials, or the provider unreachable. Classified by HTTP
+/// status and the provider's error code, never its message.
+#[derive(Debug)]
+struct Failure {
+    error: AgentError,
+    retryable: bool,
+}
+
+impl From<AgentError> for Failure {
+    fn from(error: AgentError) -> Self {
+        Self {
+            error,
+            retryable: false,
+        }
+    }
+}
+
+impl Failure {
+    fn retryable(error: AgentError) -> Self {
+        Self {
+            error,
+            retryable: true,
+        }
+    }
+}
+
+/// Provider error codes (`error.code` or `error.type`) that another model
+/// may not hit, whatever the status they come with.
+const FALLBACK_CODES: &[&str] = &[
+    "rate_limit_exceeded",
+    "insufficient_quota",
+    "model_not_found",
+    "overloaded_error",
+    "rate_limit_error",
+    "server_error",
+    "invalid_api_key",
+];
+
+/// Whether a provider's answer `status` (with its error `code`) is one
+/// another model may not give.
+pub(crate) fn falls_back(status: StatusCode, code: Option<&str>) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+        || status == StatusCode::UNAUTHORIZED
+        || status == StatusCode::FORBIDDEN
+        || status == StatusCode::NOT_FOUND
+        || code.is_some_and(|c| FALLBACK_CODES.contains(&c))
+}
+
+async fn chat(client: reqwest::Client, mut run: Run) -> Result<String, Failure> {
     let cfg = run.agent_type.clone();
     let base = cfg
         .base_url
@@ -74,7 +133,8 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
     let request = Request {
         client: &client,
         url: format!("{base}/chat/completions"),
-        key: api_key(&cfg)?,
+        // Missing credentials: another provider's may be there.
+        key: api_key(&cfg).map_err(Failure::retryable)?,
         model: server_model(&cfg, &run.agent.model),
         cfg: &cfg,
         traceparent: run.traceparent.clone(),
@@ -94,7 +154,7 @@ async fn chat(client: reqwest::Client, mut run: Run) -> RunOutcome {
                 messages.push(json!({"role": "user", "content": &*message}));
             }
             // Ended by the scheduler, which drops this future.
-            TurnVerdict::Stop => return Err(AgentError::new(CODE_TURN_LIMIT, "turn limit")),
+            TurnVerdict::Stop => return Err(AgentError::new(CODE_TURN_LIMIT, "turn limit").into()),
         }
         let text = request.complete(&messages, &run).await?;
         messages.push(json!({"role": "assistant", "content": text}));
@@ -163,7 +223,7 @@ struct Request<'a> {
 
 impl Request<'_> {
     /// One streamed completion of `messages`; its text.
-    async fn complete(&self, messages: &[Value], run: &Run) -> Result<String, AgentError> {
+    async fn complete(&self, messages: &[Value], run: &Run) -> Result<String, Failure> {
         let mut body = json!({
             "model": self.model,
             "messages": messages,
@@ -200,7 +260,11 @@ impl Request<'_> {
                 )
             })?;
             if let Some(error) = chunk.error {
-                return Err(AgentError::new("PROVIDER_ERROR", error.message));
+                let retryable = error.code().is_some_and(|c| FALLBACK_CODES.contains(&c));
+                return Err(Failure {
+                    error: AgentError::new("PROVIDER_ERROR", error.message),
+                    retryable,
+                });
             }
             for choice in &chunk.choices {
                 if let Some(delta) = choice.delta.as_ref().and_then(|d| d.content.as_deref()) {
@@ -222,7 +286,7 @@ impl Request<'_> {
     }
 
     /// POSTs `body`, retrying 429, 5xx and failed connections.
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, AgentError> {
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, Failure> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -245,10 +309,10 @@ impl Request<'_> {
                     backoff(attempt, None)
                 }
                 Err(e) => {
-                    return Err(AgentError::new(
+                    return Err(Failure::retryable(AgentError::new(
                         "PROVIDER_UNREACHABLE",
                         format!("{}: {e} (after {attempt} attempts)", self.url),
-                    ))
+                    )))
                 }
             };
             tokio::time::sleep(retry_in).await;
@@ -276,12 +340,15 @@ fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
 }
 
 /// FAILED `PROVIDER_<status>` with the provider's own message.
-async fn provider_error(response: reqwest::Response) -> AgentError {
+async fn provider_error(response: reqwest::Response) -> Failure {
     let status = response.status();
     let body = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<ErrorBody>(&body)
+    let detail = serde_json::from_str::<ErrorBody>(&body)
         .ok()
-        .map(|b| b.error.message)
+        .map(|b| b.error);
+    let retryable = falls_back(status, detail.as_ref().and_then(ErrorDetail::code));
+    let message = detail
+        .map(|d| d.message)
         .filter(|m| !m.is_empty())
         .unwrap_or_else(|| {
             if body.trim().is_empty() {
@@ -290,7 +357,10 @@ async fn provider_error(response: reqwest::Response) -> AgentError {
                 truncate(body.trim()).to_owned()
             }
         });
-    AgentError::new(&format!("PROVIDER_{}", status.as_u16()), message)
+    Failure {
+        error: AgentError::new(&format!("PROVIDER_{}", status.as_u16()), message),
+        retryable,
+    }
 }
 
 fn truncate(s: &str) -> &str {
@@ -336,6 +406,21 @@ struct ErrorBody {
 struct ErrorDetail {
     #[serde(default)]
     message: String,
+    /// OpenAI's `code` (a string, or null) and `type`; other servers set
+    /// one or the other.
+    #[serde(default)]
+    code: Option<Value>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+impl ErrorDetail {
+    fn code(&self) -> Option<&str> {
+        self.code
+            .as_ref()
+            .and_then(Value::as_str)
+            .or(self.kind.as_deref())
+    }
 }
 
 #[cfg(test)]

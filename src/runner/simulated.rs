@@ -19,6 +19,10 @@
 //!   `result` (or `failed`/`cancelled`), newlines in the text shown as
 //!   `\n`; first `elided: <notice>` when older entries were elided;
 //!   `history: none` on a conversation's first turn;
+//! - `fail_on <provider/model> <status>`: when the run is on that model,
+//!   fails like a provider answering HTTP `<status>` (code
+//!   `PROVIDER_<status>`; retryable for `fallback_models` as the openai
+//!   runner's: 429, 5xx, 401, 403, 404); on any other model, nothing;
 //! - `turn` starts a turn of the agent's loop (`[agents.NAME] max_turns`):
 //!   the first turn past `max_turns` appends `wrap-up: <wrap_up_message>`;
 //!   a turn past `max_turns + grace_turns` ends the run FAILED `TURN_LIMIT`;
@@ -61,6 +65,7 @@ enum Directive<'a> {
     WaitSteer,
     History,
     Turn,
+    FailOn(&'a str, u16),
     Text(&'a str),
 }
 
@@ -84,6 +89,12 @@ fn parse(line: &str) -> Directive<'_> {
         "wait_steer" if rest.is_empty() => Directive::WaitSteer,
         "history" if rest.is_empty() => Directive::History,
         "turn" if rest.is_empty() => Directive::Turn,
+        "fail_on" => match rest.split_whitespace().collect::<Vec<_>>()[..] {
+            [model, status] => status
+                .parse()
+                .map_or(Directive::Text(line), |s| Directive::FailOn(model, s)),
+            _ => Directive::Text(line),
+        },
         _ => Directive::Text(line),
     }
 }
@@ -94,8 +105,10 @@ async fn simulate(run: Run) -> RunOutcome {
         steer: mut inbox,
         reporter,
         history,
+        agent,
         ..
     } = run;
+    let model_of_run = agent.model;
     let has_directives = prompt
         .lines()
         .any(|l| !matches!(parse(l), Directive::Text(_)));
@@ -143,6 +156,19 @@ async fn simulate(run: Run) -> RunOutcome {
             }
             Directive::Fail(message) => {
                 return Err(AgentError::new(CODE_RUN_FAILED, message));
+            }
+            Directive::FailOn(model, status) => {
+                if *model_of_run == *model {
+                    let retryable = reqwest::StatusCode::from_u16(status)
+                        .is_ok_and(|s| super::openai::falls_back(s, None));
+                    if retryable {
+                        script.reporter.retryable_failure();
+                    }
+                    return Err(AgentError::new(
+                        &format!("PROVIDER_{status}"),
+                        format!("simulated provider error {status} on {model}"),
+                    ));
+                }
             }
             Directive::Turn => match script.reporter.turn_started() {
                 TurnVerdict::Go => {}

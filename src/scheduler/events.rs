@@ -634,6 +634,7 @@ mod tests {
             trace_id: TraceId::random(),
             attempt: 1,
             continuation: None,
+            attempts: None,
         }
     }
 

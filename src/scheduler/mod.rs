@@ -900,6 +900,9 @@ pub trait RemoteReports: Send + Sync + 'static {
     fn session(&self, session: &str);
     /// The run starts a turn.
     fn turn_started(&self);
+    /// The failure the run is about to return is a retryable provider
+    /// error (sent as `RunFailed.retryable`).
+    fn retryable_failure(&self);
     /// Asks for a decision and resolves to it; never resolves if the run
     /// is stopped first (the run future is dropped then).
     fn request_approval(
@@ -984,6 +987,18 @@ impl RunReporter {
                 r.turn_started();
                 TurnVerdict::Go
             }
+        }
+    }
+
+    /// The failure this run is about to return is a provider's that
+    /// another model may not have: rate limit or quota exhausted, 5xx,
+    /// overloaded, unknown model, missing credentials. With the type's
+    /// `fallback_models` the agent then moves to the next model instead of
+    /// failing (see [`Core::finish`]).
+    pub fn retryable_failure(&self) {
+        match &self.sink {
+            ReportSink::Core(s) => s.inspect_mut(|c| c.mark_retryable(self.id)),
+            ReportSink::Remote(r) => r.retryable_failure(),
         }
     }
 

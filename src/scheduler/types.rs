@@ -230,6 +230,32 @@ pub struct AgentView {
     /// the first turn of the conversation its own id names (most agents;
     /// shared and boxed so they pay one word).
     pub continuation: Option<Arc<Continuation>>,
+    /// Set once an attempt ended and the agent was run again (a retry, a
+    /// fallback model): the ended attempts. None: at most one attempt so
+    /// far (most agents), which the view itself describes.
+    pub attempts: Option<Arc<Attempts>>,
+}
+
+/// An agent's ended attempts, and when its current one started.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attempts {
+    /// Ended attempts, oldest first.
+    pub ended: Vec<Attempt>,
+    /// When the current attempt started; None before it has.
+    pub current_started_at: Option<SystemTime>,
+}
+
+/// One ended attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The model it ran on.
+    pub model: Arc<str>,
+    /// Why it ended.
+    pub error: AgentError,
+    /// When it started.
+    pub started_at: Option<SystemTime>,
+    /// When it ended.
+    pub ended_at: SystemTime,
 }
 
 /// A continuation's or fork's place in its conversation.
@@ -254,6 +280,14 @@ impl AgentView {
     /// Its turn in that conversation (1 for the first).
     pub fn turn(&self) -> u32 {
         self.continuation.as_ref().map_or(1, |c| c.turn)
+    }
+
+    /// When the current attempt started (None before it has).
+    pub fn attempt_started_at(&self) -> Option<SystemTime> {
+        match &self.attempts {
+            Some(a) => a.current_started_at,
+            None => self.started_at,
+        }
     }
 
     /// Running time so far, or in total once finished; zero if never started.

@@ -163,6 +163,9 @@ pub enum WorkerEvent {
         error: AgentError,
         /// As for `Done`.
         session: Option<String>,
+        /// A provider's failure another model may not have
+        /// (`fallback_models`).
+        retryable: bool,
     },
 }
 

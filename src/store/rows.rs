@@ -23,7 +23,8 @@ use crate::{
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Continuation, Usage,
+        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Attempt, Attempts,
+        Continuation, Usage,
     },
 };
 
@@ -91,6 +92,28 @@ pub(super) struct ViewRow {
     continues_id: Option<Vec<u8>>,
     #[prost(uint32, tag = "28")]
     turn: u32,
+    /// Since schema 4: `AgentView::attempts` (set once an attempt ended
+    /// and the agent ran again).
+    #[prost(message, repeated, tag = "29")]
+    attempts: Vec<AttemptRow>,
+    #[prost(int64, optional, tag = "30")]
+    attempt_started_at: Option<i64>,
+    /// Whether `attempts` is set (an empty list is not the same as none).
+    #[prost(bool, tag = "31")]
+    has_attempts: bool,
+}
+
+/// An ended attempt (`Attempt`).
+#[derive(Clone, PartialEq, Message)]
+struct AttemptRow {
+    #[prost(string, tag = "1")]
+    model: String,
+    #[prost(message, optional, tag = "2")]
+    error: Option<ErrorRow>,
+    #[prost(int64, optional, tag = "3")]
+    started_at: Option<i64>,
+    #[prost(int64, tag = "4")]
+    ended_at: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -464,10 +487,7 @@ fn view_row(v: &AgentView) -> ViewRow {
         started_at: v.started_at.map(nanos),
         finished_at: v.finished_at.map(nanos),
         result: v.result.to_string(),
-        error: v.error.as_ref().map(|e| ErrorRow {
-            code: e.code.to_string(),
-            message: e.message.to_string(),
-        }),
+        error: v.error.as_ref().map(error_row),
         approval: v.approval.as_ref().map(|a| ApprovalRow {
             id: a.id.as_bytes().to_vec(),
             tool_name: a.tool_name.to_string(),
@@ -492,6 +512,37 @@ fn view_row(v: &AgentView) -> ViewRow {
             .as_ref()
             .map(|c| c.continues_id.as_bytes().to_vec()),
         turn: v.continuation.as_ref().map_or(0, |c| c.turn),
+        attempts: v
+            .attempts
+            .iter()
+            .flat_map(|a| &a.ended)
+            .map(|a| AttemptRow {
+                model: a.model.to_string(),
+                error: Some(error_row(&a.error)),
+                started_at: a.started_at.map(nanos),
+                ended_at: nanos(a.ended_at),
+            })
+            .collect(),
+        attempt_started_at: v
+            .attempts
+            .as_ref()
+            .and_then(|a| a.current_started_at)
+            .map(nanos),
+        has_attempts: v.attempts.is_some(),
+    }
+}
+
+fn error_row(e: &AgentError) -> ErrorRow {
+    ErrorRow {
+        code: e.code.to_string(),
+        message: e.message.to_string(),
+    }
+}
+
+fn error_of(e: ErrorRow) -> AgentError {
+    AgentError {
+        code: e.code.into(),
+        message: e.message.into(),
     }
 }
 
@@ -509,6 +560,21 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         })),
         _ => return Err(corrupt("agent view", "half a continuation")),
     };
+    let attempts = r.has_attempts.then(|| {
+        Arc::new(Attempts {
+            ended: r
+                .attempts
+                .into_iter()
+                .map(|a| Attempt {
+                    model: a.model.into(),
+                    error: error_of(a.error.unwrap_or_default()),
+                    started_at: a.started_at.map(time_of),
+                    ended_at: time_of(a.ended_at),
+                })
+                .collect(),
+            current_started_at: r.attempt_started_at.map(time_of),
+        })
+    });
     Ok(AgentView {
         tenant: if r.tenant.is_empty() {
             crate::scheduler::DEFAULT_TENANT.into()
@@ -528,10 +594,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         started_at: r.started_at.map(time_of),
         finished_at: r.finished_at.map(time_of),
         result: r.result.into(),
-        error: r.error.map(|e| AgentError {
-            code: e.code.into(),
-            message: e.message.into(),
-        }),
+        error: r.error.map(error_of),
         approval: r
             .approval
             .map(|a| -> Result<_, StoreError> {
@@ -555,6 +618,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         trace_id: trace,
         attempt: r.attempt,
         continuation,
+        attempts,
     })
 }
 
@@ -740,6 +804,23 @@ pub(crate) mod tests {
                     conversation_id: Uuid::now_v7(),
                     continues_id: Uuid::now_v7(),
                     turn: 4,
+                })),
+                attempts: Some(Arc::new(Attempts {
+                    ended: vec![
+                        Attempt {
+                            model: "p/first".into(),
+                            error: AgentError::new("PROVIDER_429", "slow down"),
+                            started_at: Some(t + Duration::from_millis(5)),
+                            ended_at: t + Duration::from_millis(6),
+                        },
+                        Attempt {
+                            model: "p/second".into(),
+                            error: AgentError::new("WORKER_LOST", "gone"),
+                            started_at: None,
+                            ended_at: t + Duration::from_millis(8),
+                        },
+                    ],
+                    current_started_at: Some(t + Duration::from_millis(9)),
                 })),
             },
             seq,

@@ -317,6 +317,7 @@ mod tests {
             attempt: 1,
             trace_id: TraceId::new(0xabc).unwrap(),
             continuation: None,
+            attempts: None,
         }
     }
 

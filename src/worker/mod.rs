@@ -207,6 +207,8 @@ struct Held {
     approval: Option<oneshot::Sender<ApprovalOutcome>>,
     /// The run's own session, sent with its terminal report.
     session: String,
+    /// The runner said its failure is a retryable provider error.
+    retryable: bool,
 }
 
 impl Worker {
@@ -457,6 +459,7 @@ impl Worker {
             cancel_reason: String::new(),
             approval: None,
             session: String::new(),
+            retryable: false,
         };
         if let Some(older) = self.state.lock().runs.insert(agent_id.clone(), held) {
             // A retry of a run whose earlier attempt this worker still
@@ -522,7 +525,7 @@ impl Worker {
             };
             match outcome {
                 Some(Ok(result)) => reports
-                    .report_with_session(|session| Event::Done(pb::RunDone { result, session })),
+                    .report_with_session(|session, _| Event::Done(pb::RunDone { result, session })),
                 Some(Err(e)) => reports.fail(&e.code, e.message.to_string()),
                 // Confirms the stop, so the server frees the slot at once
                 // (it ignores the content).
@@ -648,25 +651,27 @@ impl Reports {
         self.report_with(event, |_| {});
     }
 
-    /// A terminal report, with the session the run reported.
-    fn report_with_session(&self, event: impl FnOnce(String) -> Event) {
-        let session = {
+    /// A terminal report, with the session the run reported and whether
+    /// it said its failure is retryable.
+    fn report_with_session(&self, event: impl FnOnce(String, bool) -> Event) {
+        let (session, retryable) = {
             let state = self.worker.state.lock();
             state
                 .runs
                 .get(&self.agent_id)
-                .map(|run| run.session.clone())
+                .map(|run| (run.session.clone(), run.retryable))
                 .unwrap_or_default()
         };
-        self.report(event(session));
+        self.report(event(session, retryable));
     }
 
     fn fail(&self, code: &str, message: String) {
-        self.report_with_session(|session| {
+        self.report_with_session(|session, retryable| {
             Event::Failed(pb::RunFailed {
                 code: code.to_owned(),
                 message,
                 session,
+                retryable,
             })
         });
     }
@@ -695,6 +700,15 @@ impl RemoteReports for Reports {
 
     fn turn_started(&self) {
         self.report(Event::TurnStarted(pb::TurnStarted {}));
+    }
+
+    fn retryable_failure(&self) {
+        let mut state = self.worker.state.lock();
+        if let Some(run) = state.runs.get_mut(&self.agent_id) {
+            if run.attempt == self.attempt {
+                run.retryable = true;
+            }
+        }
     }
 
     fn session(&self, session: &str) {

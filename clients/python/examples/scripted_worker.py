@@ -10,6 +10,10 @@ tests:
     wait_steer        wait for a steer message; appends "steer: <message>"
     hang              wait until the server stops the run
     fail <message>    fail the run with code RUN_FAILED
+    fail_on <model> <status>
+                      on that model, fail with code PROVIDER_<status>,
+                      retryable (fallback_models) for 429, 5xx, 401, 403
+                      and 404
     turn              report the start of a turn (max_turns)
     session <id>      return <id> as this run's session (the run that
                       continues the agent gets it back)
@@ -67,6 +71,12 @@ def handle(run: Run) -> str:
             emit(f"steer: {run.next_steer()}")
         elif word == "hang":
             run.wait_cancelled()
+        elif word == "fail_on" and len(rest.split()) == 2:
+            model, status = rest.split()
+            if run.agent.model == model:
+                code = int(status)
+                retryable = code in (401, 403, 404, 429) or code >= 500
+                raise RunFailed(f"PROVIDER_{code}", f"provider error {code} on {model}", retryable=retryable)
         elif word == "fail":
             raise RunFailed("RUN_FAILED", rest)
         else:

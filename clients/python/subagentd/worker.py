@@ -73,10 +73,16 @@ class Cancelled(Exception):
 
 
 class RunFailed(Exception):
-    """Raise from a handler to fail the run with a code and message."""
+    """Raise from a handler to fail the run with a code and message.
 
-    def __init__(self, code: str, message: str):
+    ``retryable=True`` says the failure is a provider's that another model
+    may not have (rate limit or quota exhausted, 5xx, overloaded, unknown
+    model, missing credentials): with ``[agents.NAME] fallback_models`` the
+    server moves the agent to the next model and assigns it again."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False):
         super().__init__(f"{code}: {message}")
+        self.retryable = retryable
         self.code = code
         self.message = message
 
@@ -439,7 +445,9 @@ class Worker:
         except Cancelled as e:
             run._event(failed=workers_pb2.RunFailed(code="CANCELLED", message=e.reason, session=run.session))
         except RunFailed as e:
-            run._event(failed=workers_pb2.RunFailed(code=e.code, message=e.message, session=run.session))
+            run._event(
+                failed=workers_pb2.RunFailed(code=e.code, message=e.message, session=run.session, retryable=e.retryable)
+            )
         except Exception as e:  # the handler's bug is the run's failure
             log.exception("run %s failed", run.id)
             run._event(failed=workers_pb2.RunFailed(code="WORKER_EXCEPTION", message=f"{type(e).__name__}: {e}", session=run.session))

@@ -40,6 +40,7 @@ runner = "worker"
 max_turns = 1
 grace_turns = 1
 wrap_up_message = "finish now"
+fallback_models = ["acme/large"]
 
 [agents.planner]
 runner = "worker"
@@ -250,6 +251,18 @@ class WorkerEndToEnd(unittest.TestCase):
         self.assertEqual(failed.status, pb.AGENT_STATUS_FAILED, failed)
         self.assertEqual(failed.error.code, "TURN_LIMIT")
         self.assertEqual(failed.result, "steer: finish now")
+
+    def test_a_retryable_failure_falls_back_to_the_next_model(self):
+        s = self.start()
+        self.worker(s)
+        a = s.spawn("coder", "fail_on acme/small 429\noutput on the large one")
+        done = s.await_one(a.id)
+        self.assertEqual(done.status, pb.AGENT_STATUS_DONE, done)
+        self.assertEqual((done.model, done.attempt, done.result), ("acme/large", 2, "on the large one"))
+        self.assertEqual([(x.model, x.error.code) for x in done.attempts], [("acme/small", "PROVIDER_429"), ("acme/large", "")])
+        b = s.spawn("coder", "fail_on acme/small 400")
+        failed = s.await_one(b.id)
+        self.assertEqual((failed.status, failed.error.code, failed.attempt), (pb.AGENT_STATUS_FAILED, "PROVIDER_400", 1))
 
     def test_a_worker_run_spawns_two_children_and_awaits_them(self):
         s = self.start()

@@ -222,6 +222,7 @@ impl Core {
             bucket: bucket.clone(),
             trace_id: trace.trace_id,
             continuation,
+            attempts: None,
         };
         let record = Record {
             view,
@@ -329,7 +330,7 @@ impl Core {
         let found = self
             .conversations
             .continuable(tenant, from, true)
-            .map_err(|refusal| self.refusal(from, refusal, now))?;
+            .map_err(|refusal| self.refusal(tenant, from, refusal, now))?;
         let inherited = &found.inherited;
         if spec.agent.is_empty() {
             spec.agent = inherited.agent.to_string();
@@ -370,7 +371,7 @@ impl Core {
         if !spec.fork {
             self.conversations
                 .continuable(tenant, from.id, false)
-                .map_err(|refusal| self.refusal(from.id, refusal, SystemTime::now()))?;
+                .map_err(|refusal| self.refusal(tenant, from.id, refusal, SystemTime::now()))?;
         }
         for name in [&*from.agent, spec.agent.as_str()] {
             if self.agent_types.get(name).is_some_and(|t| !t.continuable()) {
@@ -383,9 +384,16 @@ impl Core {
         Ok(())
     }
 
-    fn refusal(&self, id: AgentId, refusal: Refusal, now: SystemTime) -> Error {
+    fn refusal(&self, tenant: &str, id: AgentId, refusal: Refusal, now: SystemTime) -> Error {
         match refusal {
-            Refusal::Expired => self.expired_or_unknown("continue_from", id, now),
+            Refusal::Expired => {
+                // Another tenant's agent is answered like an unknown id.
+                let retained = self
+                    .agents
+                    .get(&id)
+                    .is_some_and(|r| *r.view.tenant == *tenant);
+                self.expired_or_unknown("continue_from", id, retained, now)
+            }
             Refusal::Busy(_) => Error::AgentBusy {
                 id,
                 status: self
@@ -409,9 +417,9 @@ impl Core {
         &self,
         field: &'static str,
         id: AgentId,
+        retained: bool,
         now: SystemTime,
     ) -> Error {
-        let retained = self.agents.contains_key(&id);
         let old = id.get_timestamp().is_some_and(|ts| {
             let (secs, nanos) = ts.to_unix();
             let created = SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
@@ -576,6 +584,9 @@ impl Core {
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
             rec.view.attempt += 1;
+            if let Some(attempts) = rec.view.attempts.as_mut() {
+                Arc::make_mut(attempts).current_started_at = Some(now);
+            }
             let (control, rx) = RunControl::fresh();
             rec.run = Some(control);
             Some(rx)

@@ -223,6 +223,12 @@ impl Core {
                 AgentStatus::Done
             }
             Err(error) => {
+                let retryable = rec.run.as_ref().is_some_and(|r| r.retryable);
+                if let Some(next) = retryable.then(|| self.fallback_model(id)).flatten() {
+                    self.fall_back(id, next, error, dirty);
+                    return false;
+                }
+                let rec = self.agents.get_mut(&id).expect("known agent");
                 rec.view.error = Some(error);
                 AgentStatus::Failed
             }
@@ -290,12 +296,65 @@ impl Core {
         message: impl FnOnce(u32) -> String,
     ) -> bool {
         let attempt = self.agents[&id].view.attempt;
+        let error = AgentError::new(code, message(attempt));
         if attempt <= retries {
-            self.retry(id, dirty);
+            self.retry(id, error, dirty);
             true
         } else {
-            self.finish_into(id, Err(AgentError::new(code, message(attempt))), dirty);
+            self.finish_into(id, Err(error), dirty);
             false
+        }
+    }
+
+    /// The model after `id`'s current one in its type's `fallback_models`
+    /// (the first one while it runs on the model it was spawned with);
+    /// None when the chain is exhausted.
+    fn fallback_model(&self, id: AgentId) -> Option<Arc<str>> {
+        let rec = &self.agents[&id];
+        let chain = &self.agent_types.get(&*rec.view.agent)?.fallback_models;
+        let next = match chain.iter().position(|m| **m == *rec.view.model) {
+            Some(i) => chain.get(i + 1)?,
+            None if rec.view.attempts.is_none() => chain.first()?,
+            // Spawned on a model of the chain and already moved past it?
+            // Only forward: the ended attempts name every model tried.
+            None => chain.iter().find(|m| {
+                !rec.view
+                    .attempts
+                    .iter()
+                    .flat_map(|a| &a.ended)
+                    .any(|x| *x.model == ***m)
+            })?,
+        };
+        Some(next.as_str().into())
+    }
+
+    /// A run failed with a retryable provider error and its type has a
+    /// model left in `fallback_models`: the attempt ends with `error` and
+    /// the agent moves to `model` — back to QUEUED with a RETRYING event
+    /// (it may start at once in the drain), in that model's bucket at its
+    /// original place in line, keeping its global and tree slots and its
+    /// conversation.
+    fn fall_back(&mut self, id: AgentId, model: Arc<str>, error: AgentError, dirty: &mut Dirty) {
+        self.end_attempt(id, error);
+        let model = self.intern(&model);
+        let bucket = self.bucket_for(&model);
+        // The running slot moves to the new bucket first, so the move to
+        // QUEUED gives back a slot of the bucket the agent now waits in.
+        let old = self.agents[&id].view.bucket.clone();
+        if !self.bucket_has_room(&old) {
+            dirty.bucket(&old);
+        }
+        self.move_bucket(id, bucket.clone());
+        self.agents.get_mut(&id).expect("known agent").view.model = model;
+        self.requeue(id, dirty);
+        let rec = &self.agents[&id];
+        if !rec.view.background && rec.needs_worker().is_none() {
+            // A foreground agent bypasses bucket limits, so no drain would
+            // look for it: it starts again at once (as after an approval).
+            self.start(id, dirty);
+        } else {
+            // Its new bucket's queue is walked even if that bucket had room.
+            dirty.bucket(&bucket);
         }
     }
 
@@ -316,14 +375,39 @@ impl Core {
         self.retry_or_fail(id, retries, CODE_WORKER_LOST, dirty, message)
     }
 
-    /// Queues a run whose worker was lost for another attempt, ahead of
-    /// newer agents (it keeps its admission sequence).
-    pub(super) fn retry(&mut self, id: AgentId, dirty: &mut Dirty) {
+    /// Queues a run for another attempt (its worker was lost, a restart
+    /// interrupted it, or it falls back to another model), ahead of newer
+    /// agents (it keeps its admission sequence). The attempt that ended
+    /// with `error` is kept in the agent's attempts.
+    pub(super) fn retry(&mut self, id: AgentId, error: AgentError, dirty: &mut Dirty) {
+        self.end_attempt(id, error);
+        self.requeue(id, dirty);
+    }
+
+    /// Ends the current attempt of `id` with `error`: its run is stopped
+    /// without a report and the attempt is kept in the agent's attempts.
+    fn end_attempt(&mut self, id: AgentId, error: AgentError) {
         let rec = self.agents.get_mut(&id).expect("known agent");
         if let Some(run) = rec.run.take() {
             // Ends this attempt's run task without a report.
             run.cancel.cancel();
         }
+        if rec.view.attempt > 0 {
+            let ended = Attempt {
+                model: rec.view.model.clone(),
+                error,
+                started_at: rec.view.attempt_started_at(),
+                ended_at: SystemTime::now(),
+            };
+            let attempts = Arc::make_mut(rec.view.attempts.get_or_insert_with(Default::default));
+            attempts.ended.push(ended);
+            attempts.current_started_at = None;
+        }
+    }
+
+    /// Puts `id`, whose attempt ended, back in its queue for the next one.
+    fn requeue(&mut self, id: AgentId, dirty: &mut Dirty) {
+        let rec = self.agents.get_mut(&id).expect("known agent");
         let worker_key = (rec.view.tenant.clone(), rec.view.agent.clone());
         if let Some(span) = rec.span.as_mut() {
             let attempt = rec.view.attempt + 1;

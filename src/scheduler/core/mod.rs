@@ -112,6 +112,9 @@ struct RunControl {
     identical_calls: u32,
     /// Turns the run started, for `[agents.NAME] max_turns`.
     turns: u32,
+    /// The failure the run is about to report is a provider's that another
+    /// model may not have (`[agents.NAME] fallback_models`).
+    retryable: bool,
     /// When the run last reported anything, for `[runs] stale_timeout`.
     progress: Arc<RunProgress>,
     /// A command run's process group, once the runner reported it.
@@ -137,6 +140,7 @@ impl RunControl {
             last_call: None,
             identical_calls: 0,
             turns: 0,
+            retryable: false,
             progress: Arc::new(RunProgress::new()),
             process_group: None,
             report_seq: 0,
@@ -542,29 +546,34 @@ impl Core {
             .collect();
         for (id, model, old) in live {
             let new = self.bucket_for(&model);
-            if new == old {
-                continue;
+            if new != old {
+                self.move_bucket(id, new);
             }
-            let rec = self.agents.get_mut(&id).expect("live agent");
-            let old_key = rec.sub_key();
-            let held = Held::of(rec.view.status, rec.view.background);
-            let queued = rec.view.status == AgentStatus::Queued;
-            rec.view.bucket = new.clone();
-            let (seq, new_key) = (rec.seq, rec.sub_key());
-            if queued && self.queue.remove(seq, &old_key) {
-                self.queue.push(seq, id, new_key);
-            }
-            self.stats
-                .rebucketed(&rec.view.tenant, &old_key.bucket, &new, rec.view.status);
-            if held.bucket {
-                if let Some(n) = self.bucket_running.get_mut(&old_key.bucket) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.bucket_running.remove(&old_key.bucket);
-                    }
+        }
+    }
+
+    /// Moves live agent `id` to bucket `new`: its place in the queue, its
+    /// gauges and the bucket slot it holds go with it.
+    fn move_bucket(&mut self, id: AgentId, new: BucketKey) {
+        let rec = self.agents.get_mut(&id).expect("live agent");
+        let old_key = rec.sub_key();
+        let held = Held::of(rec.view.status, rec.view.background);
+        let queued = rec.view.status == AgentStatus::Queued;
+        rec.view.bucket = new.clone();
+        let (seq, new_key) = (rec.seq, rec.sub_key());
+        if queued && self.queue.remove(seq, &old_key) {
+            self.queue.push(seq, id, new_key);
+        }
+        self.stats
+            .rebucketed(&rec.view.tenant, &old_key.bucket, &new, rec.view.status);
+        if held.bucket {
+            if let Some(n) = self.bucket_running.get_mut(&old_key.bucket) {
+                *n -= 1;
+                if *n == 0 {
+                    self.bucket_running.remove(&old_key.bucket);
                 }
-                *self.bucket_running.entry(new).or_default() += 1;
             }
+            *self.bucket_running.entry(new).or_default() += 1;
         }
     }
 

@@ -216,7 +216,7 @@ impl Core {
             // Another tenant's is answered like an unknown id.
             let visible = self.record_in(scope, id).is_some() || !self.agents.contains_key(&id);
             return Err(if visible {
-                self.expired_or_unknown(field, id, now)
+                self.expired_or_unknown(field, id, self.agents.contains_key(&id), now)
             } else {
                 Error::NotFound {
                     field,

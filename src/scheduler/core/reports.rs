@@ -240,6 +240,14 @@ impl Core {
         }
     }
 
+    /// The failure `id`'s run is about to report is a retryable provider
+    /// error (see `RunReporter::retryable_failure`).
+    pub fn mark_retryable(&mut self, id: AgentId) {
+        if let Some(run) = self.agents.get_mut(&id).and_then(|r| r.run.as_mut()) {
+            run.retryable = true;
+        }
+    }
+
     /// A run reported its own session (a worker's, a program's session
     /// id): the run that continues `id` gets it back.
     pub fn set_session(&mut self, id: AgentId, session: Option<String>) {

@@ -247,8 +247,15 @@ impl Core {
                 self.set_session(agent, session);
                 return self.finish(agent, Ok(result));
             }
-            WorkerEvent::Failed { error, session } => {
+            WorkerEvent::Failed {
+                error,
+                session,
+                retryable,
+            } => {
                 self.set_session(agent, session);
+                if retryable {
+                    self.mark_retryable(agent);
+                }
                 return self.finish(agent, Err(error));
             }
         }
