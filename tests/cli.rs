@@ -234,3 +234,93 @@ async fn watch_prints_a_snapshot_then_live_events_as_json_lines() {
     watch.kill().await;
     s.handle.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn spawn_continues_an_agent_and_transcript_prints_the_conversation() {
+    let s = TestServer::start("").await;
+    let addr = format!("http://{}", s.handle.addr());
+    let run = |args: Vec<&str>| subagentd_async(args.into_iter().map(String::from).collect());
+    let out = run(vec![
+        "spawn",
+        "--addr",
+        &addr,
+        "--json",
+        "--agent",
+        "simulated",
+        "--model",
+        "acme/m",
+        "--prompt",
+        "output one",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    // No --agent or --model: both inherited.
+    let out = run(vec![
+        "spawn",
+        "--addr",
+        &addr,
+        "--json",
+        "--continue-from",
+        &first_id,
+        "--prompt",
+        "output two\nmore",
+    ])
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(second["turn"], 2);
+    assert_eq!(second["conversationId"], first_id.as_str());
+    let second_id = second["id"].as_str().unwrap().to_owned();
+
+    let out = run(vec!["transcript", "--addr", &addr, &second_id]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("conversation {first_id}"),
+            format!("turn 1  prompt     {first_id}  output one"),
+            format!("turn 1  result     {first_id}  one"),
+            format!("turn 2  prompt     {second_id}  output two"),
+            "    more".to_owned(),
+            format!("turn 2  result     {second_id}  two"),
+            "    more".to_owned(),
+        ],
+        "{text}"
+    );
+    // By conversation id, as JSON lines, one page of two at a time.
+    let out = run(vec![
+        "transcript",
+        "--addr",
+        &addr,
+        "--json",
+        "--conversation",
+        "--page-size",
+        "2",
+        &first_id,
+    ])
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds: Vec<String> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"].to_string())
+        .collect();
+    assert_eq!(kinds.len(), 4, "every page: {kinds:?}");
+    assert_eq!(kinds[0], "\"TRANSCRIPT_ENTRY_KIND_PROMPT\"");
+    // A live-agent refusal exits non-zero with the reason.
+    let out = run(vec![
+        "spawn",
+        "--addr",
+        &addr,
+        "--continue-from",
+        &first_id,
+        "--prompt",
+        "again",
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("NOT_LATEST"), "{}", stderr(&out));
+}
