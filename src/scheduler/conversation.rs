@@ -676,11 +676,17 @@ impl Turn {
             inherited,
             session: None,
             ended: None,
-            entries: vec![Entry {
-                kind: EntryKind::Prompt,
-                at,
-                text: prompt,
-            }],
+            entries: {
+                // Room for the prompt and the result, most turns' only
+                // entries: a growing Vec would make room for four.
+                let mut entries = Vec::with_capacity(2);
+                entries.push(Entry {
+                    kind: EntryKind::Prompt,
+                    at,
+                    text: prompt,
+                });
+                entries
+            },
         }
     }
 }
