@@ -79,6 +79,30 @@ impl Violations {
         }
     }
 
+    /// `page_size`: the default for 0, at most [`MAX_PAGE_SIZE`].
+    fn page_size(&mut self, raw: u32) -> usize {
+        match raw as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n > MAX_PAGE_SIZE => {
+                self.add("page_size", format!("at most {MAX_PAGE_SIZE}"));
+                0
+            }
+            n => n,
+        }
+    }
+
+    /// `page_token`: empty for the first page, else a position `rpc`
+    /// returned.
+    fn page_token<T: std::str::FromStr + Default>(&mut self, raw: &str, rpc: &str) -> T {
+        if raw.is_empty() {
+            return T::default();
+        }
+        raw.parse().unwrap_or_else(|_| {
+            self.add("page_token", format!("is not a token returned by {rpc}"));
+            T::default()
+        })
+    }
+
     fn key(&mut self, field: &str, raw: &str) -> Option<String> {
         if raw.len() > MAX_KEY_BYTES {
             self.add(
@@ -269,22 +293,8 @@ pub fn parse_status(
             }
         })
         .collect::<Vec<_>>();
-    let limit = match req.page_size as usize {
-        0 => DEFAULT_PAGE_SIZE,
-        n if n > MAX_PAGE_SIZE => {
-            v.add("page_size", format!("at most {MAX_PAGE_SIZE}"));
-            0
-        }
-        n => n,
-    };
-    let after = if req.page_token.is_empty() {
-        0
-    } else {
-        req.page_token.parse::<u64>().unwrap_or_else(|_| {
-            v.add("page_token", "is not a token returned by Status");
-            0
-        })
-    };
+    let limit = v.page_size(req.page_size);
+    let after = v.page_token::<u64>(&req.page_token, "Status");
     if !req.ids.is_empty() {
         let filtered = parent_id.is_some()
             || root_id.is_some()
@@ -342,22 +352,8 @@ pub fn parse_get_transcript(req: pb::GetTranscriptRequest) -> Result<TranscriptQ
         }
         (None, None) => None,
     };
-    let limit = match req.page_size as usize {
-        0 => DEFAULT_PAGE_SIZE,
-        n if n > MAX_PAGE_SIZE => {
-            v.add("page_size", format!("at most {MAX_PAGE_SIZE}"));
-            0
-        }
-        n => n,
-    };
-    let after = if req.page_token.is_empty() {
-        0
-    } else {
-        req.page_token.parse::<usize>().unwrap_or_else(|_| {
-            v.add("page_token", "is not a token returned by GetTranscript");
-            0
-        })
-    };
+    let limit = v.page_size(req.page_size);
+    let after = v.page_token::<usize>(&req.page_token, "GetTranscript");
     let query = target.map(|target| TranscriptQuery {
         target,
         after,

@@ -415,15 +415,9 @@ impl Conversations {
     /// turn. Kept in memory until the turn ends: a crash loses only the
     /// live turn's steers and tool calls, never an ended turn.
     pub fn record(&mut self, agent: AgentId, kind: EntryKind, text: Arc<str>, at: SystemTime) {
-        let Some(place) = self.place(agent) else {
+        let Some((place, turn)) = self.live_turn_mut(agent) else {
             return;
         };
-        let Some(turn) = self.turn_mut(place) else {
-            return;
-        };
-        if turn.ended.is_some() {
-            return;
-        }
         turn.entries.push(Entry { kind, at, text });
         self.bound(place.conversation, at);
     }
@@ -449,15 +443,9 @@ impl Conversations {
         output: Arc<str>,
         at: SystemTime,
     ) {
-        let Some(place) = self.place(agent) else {
+        let Some((place, turn)) = self.live_turn_mut(agent) else {
             return;
         };
-        let Some(turn) = self.turn_mut(place) else {
-            return;
-        };
-        if turn.ended.is_some() {
-            return;
-        }
         turn.entries.push(Entry {
             kind: EntryKind::Result { status, error },
             at,
@@ -579,6 +567,13 @@ impl Conversations {
         if let Some(u) = self.unsaved.as_mut() {
             u.changed.insert(id);
         }
+    }
+
+    /// `agent`'s own turn while it has not ended.
+    fn live_turn_mut(&mut self, agent: AgentId) -> Option<(Place, &mut Turn)> {
+        let place = self.place(agent)?;
+        let turn = self.turn_mut(place)?;
+        turn.ended.is_none().then_some((place, turn))
     }
 
     fn turn_mut(&mut self, place: Place) -> Option<&mut Turn> {

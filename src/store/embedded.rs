@@ -141,6 +141,20 @@ impl EmbeddedStore {
     }
 }
 
+/// Every row of an id-keyed table, in key order.
+fn rows_of(
+    tx: &redb::ReadTransaction,
+    table: TableDefinition<u128, &[u8]>,
+) -> Result<Vec<Vec<u8>>, StoreError> {
+    tx.open_table(table)
+        .map_err(engine)?
+        .iter()
+        .map_err(engine)?
+        .map(|row| row.map(|(_, v)| v.value().to_vec()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(engine)
+}
+
 fn engine(e: impl Into<redb::Error>) -> StoreError {
     StoreError::Engine(format!("embedded store: {}", e.into()))
 }
@@ -189,14 +203,7 @@ impl Store for EmbeddedStore {
 
     fn load(&mut self) -> Result<Contents, StoreError> {
         let tx = self.db.begin_read().map_err(engine)?;
-        let agents = tx
-            .open_table(AGENTS)
-            .map_err(engine)?
-            .iter()
-            .map_err(engine)?
-            .map(|row| row.map(|(_, v)| v.value().to_vec()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(engine)?;
+        let agents = rows_of(&tx, AGENTS)?;
         let events = tx
             .open_table(EVENTS)
             .map_err(engine)?
@@ -205,14 +212,7 @@ impl Store for EmbeddedStore {
             .map(|row| row.map(|(k, v)| (k.value(), v.value().to_vec())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(engine)?;
-        let conversations = tx
-            .open_table(CONVERSATIONS)
-            .map_err(engine)?
-            .iter()
-            .map_err(engine)?
-            .map(|row| row.map(|(_, v)| v.value().to_vec()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(engine)?;
+        let conversations = rows_of(&tx, CONVERSATIONS)?;
         let meta = tx.open_table(META).map_err(engine)?;
         let get = |key| -> Result<u64, StoreError> {
             Ok(meta.get(key).map_err(engine)?.map_or(0, |v| v.value()))
