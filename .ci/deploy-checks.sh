@@ -292,6 +292,10 @@ BAD_CASES=(
   'a worker type with runner worker|/worker/agents/w/runner|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  agents:\n    w:\n      runner: worker'
   'workers without agent types|/worker/agents|worker:\n  enabled: true'
   'worker capacity 0|/worker/capacity|worker:\n  capacity: 0'
+  'maxTurns on a command type|maxTurns|agents:\n  c:\n    runner: command\n    command: [cli]\n    maxTurns: 3'
+  'continueArgs without {session}|/agents/c/continueArgs|agents:\n  c:\n    runner: command\n    command: [cli]\n    continueArgs: [--resume]'
+  'a fallback model without a provider|/agents/w/fallbackModels/0|agents:\n  w:\n    runner: simulated\n    fallbackModels: [gpt]'
+  'conversation retention 0s|/conversations/retention|conversations:\n  retention: 0s'
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out

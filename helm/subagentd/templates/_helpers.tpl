@@ -299,6 +299,16 @@ subscriber_buffer = {{ include "subagentd.tomlInt" .subscriberBuffer }}
 {{- end }}
 {{- end }}
 
+[conversations]
+{{- with $v.conversations }}
+{{- if hasKey . "retention" }}
+retention = {{ include "subagentd.tomlString" .retention }}
+{{- end }}
+{{- if hasKey . "maxTranscriptBytes" }}
+max_transcript_bytes = {{ include "subagentd.tomlInt" .maxTranscriptBytes }}
+{{- end }}
+{{- end }}
+
 [store]
 backend = {{ include "subagentd.tomlString" $v.store.backend }}
 {{- if eq (toString $v.store.backend) "embedded" }}
@@ -359,6 +369,21 @@ worker's worker.agents): the same keys in both files.
 
 [agents.{{ toJson $name }}]
 runner = {{ include "subagentd.tomlString" $agent.runner }}
+{{- if hasKey $agent "continuable" }}
+continuable = {{ $agent.continuable }}
+{{- end }}
+{{- if $agent.fallbackModels }}
+fallback_models = {{ toJson $agent.fallbackModels }}
+{{- end }}
+{{- if hasKey $agent "maxTurns" }}
+max_turns = {{ include "subagentd.tomlInt" $agent.maxTurns }}
+{{- end }}
+{{- if hasKey $agent "graceTurns" }}
+grace_turns = {{ include "subagentd.tomlInt" $agent.graceTurns }}
+{{- end }}
+{{- if hasKey $agent "wrapUpMessage" }}
+wrap_up_message = {{ include "subagentd.tomlString" $agent.wrapUpMessage }}
+{{- end }}
 {{- if eq (toString $agent.runner) "worker" }}
 {{- if hasKey $agent "retryOnWorkerLost" }}
 retry_on_worker_lost = {{ include "subagentd.tomlInt" $agent.retryOnWorkerLost }}
@@ -383,6 +408,9 @@ kill_grace = "{{ int64 $agent.killGraceSeconds }}s"
 {{- end }}
 {{- if hasKey $agent "maxResultBytes" }}
 max_result_bytes = {{ include "subagentd.tomlInt" $agent.maxResultBytes }}
+{{- end }}
+{{- if $agent.continueArgs }}
+continue_args = {{ toJson $agent.continueArgs }}
 {{- end }}
 {{- end }}
 {{- if eq (toString $agent.runner) "openai" }}
