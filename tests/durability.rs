@@ -568,7 +568,7 @@ async fn conversation_entries(
 /// Ended turns are durable when acknowledged: after a SIGKILL the
 /// transcript reads the same, an older turn is still not the latest, and
 /// the next turn sees every earlier one. A turn live at the crash keeps
-/// its prompt (from the agent's own record) and ends as recovery decides.
+/// its prompt and the steer it was sent, and ends as recovery decides.
 async fn transcript_survives_a_sigkill(backend: &str) {
     let Some(store) = Store::new(backend).await else {
         return;
@@ -610,8 +610,16 @@ async fn transcript_survives_a_sigkill(backend: &str) {
         },
     )
     .await;
+    // A steer to the live turn is acknowledged: it outlives the crash.
+    client
+        .steer(pb::SteerRequest {
+            id: third.id.clone(),
+            message: "hold on".into(),
+        })
+        .await
+        .expect("Steer");
     let before = conversation_entries(&mut client, &first.id).await;
-    assert_eq!(before.len(), 7, "{before:?}");
+    assert_eq!(before.len(), 8, "{before:?}");
 
     server.signal(Signal::SIGKILL);
     let _ = server.exit_status().await;
@@ -670,6 +678,7 @@ async fn transcript_survives_a_sigkill(backend: &str) {
         "{lines:?}"
     );
     assert_eq!(lines[6], "turn 3 prompt: sleep 600000");
-    assert!(lines[7].starts_with("turn 3 failed: "), "{lines:?}");
+    assert_eq!(lines[7], "turn 3 steer: hold on");
+    assert!(lines[8].starts_with("turn 3 failed: "), "{lines:?}");
     assert_eq!(server.stop().await.code(), Some(0));
 }

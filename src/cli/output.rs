@@ -88,6 +88,28 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("conversationId".into(), json!(agent.conversation_id));
     obj.insert("continuesId".into(), json!(agent.continues_id));
     obj.insert("turn".into(), json!(agent.turn));
+    let attempts: Vec<Value> = agent
+        .attempts
+        .iter()
+        .map(|a| {
+            let mut x = Map::new();
+            x.insert("attempt".into(), json!(a.attempt));
+            x.insert("model".into(), json!(a.model));
+            if let Some(e) = &a.error {
+                x.insert(
+                    "error".into(),
+                    json!({ "code": e.code, "message": e.message }),
+                );
+            }
+            for (key, ts) in [("startedAt", &a.started_at), ("endedAt", &a.ended_at)] {
+                if let Some(ts) = ts {
+                    x.insert(key.into(), json!(ts.to_string()));
+                }
+            }
+            Value::Object(x)
+        })
+        .collect();
+    obj.insert("attempts".into(), Value::Array(attempts));
     Value::Object(obj)
 }
 
@@ -546,6 +568,12 @@ mod tests {
                 "conversationId": "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a",
                 "continuesId": "",
                 "turn": 1,
+                "attempts": [{
+                    "attempt": 1,
+                    "model": "anthropic/claude-sonnet-4",
+                    "error": {"code": "DEADLINE_EXCEEDED", "message": "run exceeded 1m"},
+                    "startedAt": "2023-11-14T22:13:21.500Z",
+                }],
             })
         );
     }

@@ -412,14 +412,20 @@ impl Conversations {
     }
 
     /// Appends an entry (a steer message, a tool call) to `agent`'s live
-    /// turn. Kept in memory until the turn ends: a crash loses only the
-    /// live turn's steers and tool calls, never an ended turn.
+    /// turn. A steer was acknowledged to its sender, so the conversation is
+    /// written with the change that delivered it; tool calls (reported by
+    /// the run, counted in its stored usage) are written when the turn
+    /// ends, so a crash loses only a live turn's tool-call entries.
     pub fn record(&mut self, agent: AgentId, kind: EntryKind, text: Arc<str>, at: SystemTime) {
         let Some((place, turn)) = self.live_turn_mut(agent) else {
             return;
         };
+        let steer = kind == EntryKind::Steer;
         turn.entries.push(Entry { kind, at, text });
         self.bound(place.conversation, at);
+        if steer {
+            self.changed(place.conversation);
+        }
     }
 
     /// Records the session a run reported, for the run that continues it.
