@@ -63,6 +63,22 @@ fn of_conversation(id: &str) -> pb::GetTranscriptRequest {
     }
 }
 
+/// The ids of the agents Status lists for conversation `id`.
+async fn turns_of(client: &mut Client, id: &str) -> Vec<String> {
+    client
+        .status(pb::StatusRequest {
+            conversation_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("Status succeeds")
+        .into_inner()
+        .agents
+        .into_iter()
+        .map(|a| a.id)
+        .collect()
+}
+
 /// (kind, agent id, turn, text) of every entry.
 fn entries(t: &pb::GetTranscriptResponse) -> Vec<(pb::TranscriptEntryKind, String, u32, String)> {
     t.entries
@@ -198,17 +214,8 @@ async fn a_live_agent_is_busy_and_an_older_turn_is_not_the_latest() {
     assert_eq!(meta["conversation_id"], first.id);
     assert!(err.message().contains(&second.id), "{}", err.message());
     // Nothing was admitted by the refusals.
-    let listed = s
-        .client
-        .status(pb::StatusRequest {
-            conversation_id: first.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents;
-    let ids: Vec<&str> = listed.iter().map(|a| a.id.as_str()).collect();
+    let listed = turns_of(&mut s.client, &first.id).await;
+    let ids: Vec<&str> = listed.iter().map(String::as_str).collect();
     assert_eq!(ids, [first.id.as_str(), second.id.as_str()]);
 }
 
@@ -252,17 +259,8 @@ async fn a_fork_starts_a_conversation_of_its_own_from_any_turn() {
         (first.id.as_str(), 3)
     );
     // Status and Watch filter by conversation: a conversation's own turns.
-    let listed = s
-        .client
-        .status(pb::StatusRequest {
-            conversation_id: fork.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents;
-    let ids: Vec<&str> = listed.iter().map(|a| a.id.as_str()).collect();
+    let listed = turns_of(&mut s.client, &fork.id).await;
+    let ids: Vec<&str> = listed.iter().map(String::as_str).collect();
     assert_eq!(ids, [fork.id.as_str(), after_fork.id.as_str()]);
 }
 

@@ -153,6 +153,23 @@ impl Conversation {
         self.turns.last().expect("a conversation has a turn")
     }
 
+    /// The turns [`Conversations::place`] finds through `placed`: its own
+    /// (not copied from the conversation a fork started from), except a
+    /// first turn, which the conversation's id names.
+    fn placed_turns(&self) -> impl Iterator<Item = (AgentId, Place)> + '_ {
+        self.turns
+            .iter()
+            .zip(1u32..)
+            .filter(|(t, n)| !t.copied && (t.agent_id != self.id || *n != 1))
+            .map(|(t, turn)| {
+                let place = Place {
+                    conversation: self.id,
+                    turn,
+                };
+                (t.agent_id, place)
+            })
+    }
+
     /// When its latest agent ended; None while it is live.
     pub fn ended_at(&self) -> Option<SystemTime> {
         self.latest().ended.map(|(at, _)| at)
@@ -518,10 +535,8 @@ impl Conversations {
             }
             self.expiry.pop_first();
             if let Some(c) = self.by_id.remove(&id) {
-                for (i, t) in c.turns.iter().enumerate() {
-                    if !t.copied && (t.agent_id != id || i != 0) {
-                        self.placed.remove(&t.agent_id);
-                    }
+                for (agent, _) in c.placed_turns() {
+                    self.placed.remove(&agent);
                 }
                 if let Some(u) = self.unsaved.as_mut() {
                     u.changed.remove(&id);
@@ -551,17 +566,7 @@ impl Conversations {
     /// Puts back a stored conversation (recovery).
     pub fn restore(&mut self, c: Conversation) {
         let id = c.id;
-        for (i, t) in c.turns.iter().enumerate() {
-            if !t.copied && (t.agent_id != id || i != 0) {
-                self.placed.insert(
-                    t.agent_id,
-                    Place {
-                        conversation: id,
-                        turn: i as u32 + 1,
-                    },
-                );
-            }
-        }
+        self.placed.extend(c.placed_turns());
         if let Some(at) = c.ended_at() {
             self.expiry.insert((at, id));
         }
