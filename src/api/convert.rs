@@ -1064,7 +1064,7 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
             agent: Some(agent_to_pb(&a.agent, SystemTime::now())),
             prompt: a.prompt.to_string(),
             steer_messages: a.steer_messages,
-            traceparent: a.traceparent.to_string(),
+            traceparent: a.trace.traceparent(),
             deadline: Some(timestamp(a.deadline)),
             transcript: a.history.as_deref().map(history_to_pb).unwrap_or_default(),
             session: a

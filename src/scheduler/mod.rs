@@ -358,7 +358,7 @@ impl Scheduler {
                 sink: ReportSink::Core(self.clone()),
             },
             agent_type,
-            traceparent: start.traceparent,
+            traceparent: start.trace.traceparent().into(),
             credential: credential.as_ref().map(|c| c.token().clone()),
             history: start.history,
         };

@@ -120,8 +120,9 @@ pub struct Assignment {
     pub steer_messages: Vec<String>,
     /// When the server ends the run with DEADLINE_EXCEEDED.
     pub deadline: SystemTime,
-    /// W3C trace context of the run, for the worker's spans; always set.
-    pub traceparent: Arc<str>,
+    /// Trace context of the run, for the worker's spans (its
+    /// `traceparent` is formatted when the assignment is encoded).
+    pub trace: super::trace::TraceContext,
     /// A continuation's history: the earlier turns of its conversation.
     pub history: Option<Arc<super::conversation::History>>,
 }

@@ -257,8 +257,7 @@ impl Core {
         let rec = &self.agents[&id];
         self.order.insert(&rec.view.tenant, seq, id);
         if let Some(lead) = &rec.view.lead_id {
-            self.by_lead
-                .insert((rec.view.tenant.clone(), lead.clone(), seq), id);
+            self.by_lead.insert(&rec.view.tenant, lead, seq, id);
         }
         self.by_root.insert((rec.view.root_id, seq), id);
         self.by_status
@@ -650,7 +649,7 @@ impl Core {
         if let Some(steer) = steer_rx {
             // Kept until the agent ends: a retried run needs it again.
             let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
-            let traceparent: Arc<str> = rec.trace_context().traceparent().into();
+            let trace = rec.trace_context();
             let history = rec
                 .view
                 .continuation
@@ -665,7 +664,7 @@ impl Core {
                         prompt: prompt.clone(),
                         steer_messages: waiting_steers,
                         deadline: now + rec.timeout(),
-                        traceparent: traceparent.clone(),
+                        trace,
                         history: history.clone(),
                     })),
                 );
@@ -678,7 +677,7 @@ impl Core {
                 cancel,
                 timeout: rec.timeout(),
                 agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
-                traceparent,
+                trace,
                 progress: rec
                     .run
                     .as_ref()

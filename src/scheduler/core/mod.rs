@@ -50,7 +50,7 @@ use super::{
 };
 use foldhash::{HashMap, HashSet};
 
-use self::reads::{LiveByStatus, SeqIndex};
+use self::reads::{LeadIndex, LiveByStatus, SeqIndex};
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
 
@@ -79,9 +79,10 @@ pub struct RunStart {
     /// The agent type's config when the run started (None if a reload
     /// removed the type meanwhile).
     pub agent_type: Option<Arc<AgentTypeConfig>>,
-    /// W3C `traceparent` naming the run's span (or the context it
-    /// inherited when spans are not recorded), for the runner; always set.
-    pub traceparent: Arc<str>,
+    /// The trace context naming the run's span (or the context it
+    /// inherited when spans are not recorded), for the runner's
+    /// `traceparent`: formatted by the run task, not under the core's lock.
+    pub trace: TraceContext,
     /// Last-report clock, for the stale watch.
     pub progress: Arc<RunProgress>,
     /// `[runs] stale_timeout` at the start (zero = off).
@@ -363,7 +364,7 @@ pub struct Core {
     /// `lead_id` and `root_id` listings do not scan all agents under the lock.
     /// One ordered map each (not a map per lead or tree): most trees are a
     /// single agent, and a map per tree cost ~400 bytes per retained agent.
-    by_lead: BTreeMap<(Arc<str>, Arc<str>, u64), AgentId>,
+    by_lead: LeadIndex,
     by_root: BTreeMap<(AgentId, u64), AgentId>,
     /// Live agents by state, in admission order, so `statuses` listings
     /// and snapshots (what dashboards poll) do not scan retained agents.
@@ -432,7 +433,7 @@ impl Core {
             parent_running: HashMap::default(),
             tree_live: HashMap::default(),
             lead_live: HashMap::default(),
-            by_lead: BTreeMap::new(),
+            by_lead: LeadIndex::default(),
             by_root: BTreeMap::new(),
             by_status: LiveByStatus::default(),
             idempotency: HashMap::default(),

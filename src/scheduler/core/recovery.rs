@@ -302,8 +302,7 @@ impl Core {
             }
         }
         if let Some(lead) = &view.lead_id {
-            self.by_lead
-                .insert((view.tenant.clone(), lead.clone(), seq), id);
+            self.by_lead.insert(&view.tenant, lead, seq, id);
         }
         self.by_root.insert((view.root_id, seq), id);
         self.order.insert(&view.tenant, seq, id);

@@ -76,8 +76,7 @@ impl Core {
             if let Some(rec) = self.agents.remove(&id) {
                 self.order.remove(&rec.view.tenant, rec.seq);
                 if let Some(lead) = &rec.view.lead_id {
-                    self.by_lead
-                        .remove(&(rec.view.tenant.clone(), lead.clone(), rec.seq));
+                    self.by_lead.remove(&rec.view.tenant, lead, rec.seq);
                 }
                 self.by_root.remove(&(rec.view.root_id, rec.seq));
                 if let Some(k) = rec.idempotency_key() {

@@ -117,7 +117,7 @@ impl Core {
             cancel,
             timeout: rec.timeout().saturating_sub(ran),
             agent_type: self.agent_types.get(&*rec.view.agent).cloned(),
-            traceparent: rec.trace_context().traceparent().into(),
+            trace: rec.trace_context(),
             progress,
             stale_timeout: self.runs.stale_timeout,
             // The worker has the run, and had the history with it.
