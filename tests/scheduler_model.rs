@@ -1759,6 +1759,41 @@ impl Harness {
                 "{ctx}: Status{{statuses={statuses:?}, tenant={tenant:?}}}"
             );
         }
+        // Listings by lead (the lead index): in one tenant, and over every
+        // tenant (an admin's, or any call with authentication off), merged
+        // by admission order, paged three at a time.
+        for lead in LEADS {
+            for tenant in std::iter::once(None).chain(TENANTS.map(Some)) {
+                let expected: Vec<AgentId> = self
+                    .order
+                    .iter()
+                    .copied()
+                    .filter(|id| self.core.view(*id).is_some())
+                    .filter(|id| {
+                        let m = &self.agents[id];
+                        m.lead.as_deref() == Some(lead) && tenant.is_none_or(|t| m.tenant == t)
+                    })
+                    .collect();
+                let filter = AgentFilter {
+                    lead_id: Some(lead.to_owned()),
+                    tenant: tenant.map(Into::into),
+                    ..AgentFilter::default()
+                };
+                let (mut listed, mut after) = (Vec::new(), 0);
+                loop {
+                    let page = self.core.list(&filter, after, 3);
+                    listed.extend(page.agents.iter().map(|a| a.id));
+                    match page.next_after {
+                        Some(next) => after = next,
+                        None => break,
+                    }
+                }
+                assert_eq!(
+                    listed, expected,
+                    "{ctx}: Status{{lead_id={lead}, tenant={tenant:?}}}"
+                );
+            }
+        }
         // An agent exists only in its own tenant's scope.
         for id in &self.order {
             let own = &self.agents[id].tenant;

@@ -2,7 +2,8 @@
 //! Await waiters, and WatchAgents subscriptions and events.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet, BinaryHeap},
     sync::Arc,
 };
 
@@ -169,10 +170,10 @@ impl Core {
                     .map(|(&(_, seq), id)| (seq, id))
                     .filter_map(record),
             )
-        } else if let (Some(lead), Some(tenant)) = (&filter.lead_id, &filter.tenant) {
+        } else if let Some(lead) = &filter.lead_id {
             Box::new(
                 self.by_lead
-                    .range(tenant, lead, after_seq)
+                    .range(filter.tenant.as_deref(), lead, after_seq)
                     .filter_map(record),
             )
         } else if let Some(live) =
@@ -401,47 +402,107 @@ impl SeqIndex {
     }
 }
 
-/// Retained agents by (tenant, lead id), in admission order, for `lead_id`
-/// listings and snapshots. Keyed by a hash of the pair, not the strings:
-/// a string key made every insert compare strings behind two pointers at
-/// each level of a tree of every retained agent (27 % of `Core::spawn`
-/// under a lead-watched load), and an integer key is also 24 bytes smaller.
-/// A range may therefore hold another pair whose hash collides; callers
-/// filter on the agent itself (as every listing does). The seed is random
-/// per process, so a collision cannot be chosen by a caller.
+/// Retained agents by lead id and tenant, in admission order, for `lead_id`
+/// listings and snapshots, scoped to a tenant or (an admin's, or any call
+/// with authentication off) over every tenant. Keyed by hashes of the lead
+/// and the tenant, not the strings: a string key made every insert compare
+/// strings behind two pointers at each level of a tree of every retained
+/// agent (27 % of `Core::spawn` under a lead-watched load), and an integer
+/// key is also smaller. A range may therefore hold agents of another lead
+/// or tenant whose hash collides; callers filter on the agent itself (as
+/// every listing does). The seed is random per process, so a collision
+/// cannot be chosen by a caller.
 #[derive(Debug, Default)]
 pub(super) struct LeadIndex {
     hasher: foldhash::fast::RandomState,
-    entries: BTreeMap<(u64, u64), AgentId>,
+    /// (lead hash, tenant hash, admission sequence).
+    entries: BTreeMap<(u64, u64, u64), AgentId>,
 }
 
 impl LeadIndex {
-    fn key(&self, tenant: &str, lead: &str) -> u64 {
-        std::hash::BuildHasher::hash_one(&self.hasher, (tenant, lead))
+    fn hash(&self, s: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, s)
+    }
+
+    fn key(&self, tenant: &str, lead: &str, seq: u64) -> (u64, u64, u64) {
+        (self.hash(lead), self.hash(tenant), seq)
     }
 
     pub(super) fn insert(&mut self, tenant: &str, lead: &str, seq: u64, id: AgentId) {
-        let key = self.key(tenant, lead);
-        self.entries.insert((key, seq), id);
+        let key = self.key(tenant, lead, seq);
+        self.entries.insert(key, id);
     }
 
     pub(super) fn remove(&mut self, tenant: &str, lead: &str, seq: u64) {
-        let key = self.key(tenant, lead);
-        self.entries.remove(&(key, seq));
+        let key = self.key(tenant, lead, seq);
+        self.entries.remove(&key);
     }
 
-    /// The agents of (`tenant`, `lead`) from admission sequence `from` on,
-    /// oldest first, with any of a colliding pair among them.
-    pub(super) fn range(
-        &self,
-        tenant: &str,
+    /// The agents under `lead` from admission sequence `from` on, oldest
+    /// first: of `tenant`, or of every tenant when None (one ordered run
+    /// per tenant, merged: O(tenants under the lead × log n) to start, then
+    /// O(log tenants) per agent). Agents of a colliding lead or tenant may
+    /// be among them.
+    pub(super) fn range<'a>(
+        &'a self,
+        tenant: Option<&str>,
         lead: &str,
         from: u64,
-    ) -> impl Iterator<Item = (u64, &AgentId)> + '_ {
-        let key = self.key(tenant, lead);
-        self.entries
-            .range((key, from)..=(key, u64::MAX))
-            .map(|(&(_, seq), id)| (seq, id))
+    ) -> Box<dyn Iterator<Item = (u64, &'a AgentId)> + 'a> {
+        let lead = self.hash(lead);
+        let run = move |tenant: u64| {
+            self.entries
+                .range((lead, tenant, from)..=(lead, tenant, u64::MAX))
+                .map(|(&(_, _, seq), id)| (seq, id))
+        };
+        if let Some(tenant) = tenant {
+            return Box::new(run(self.hash(tenant)));
+        }
+        let mut runs = Vec::new();
+        let mut next_tenant = Some(0);
+        while let Some(at) = next_tenant {
+            let Some((&(l, tenant, _), _)) = self.entries.range((lead, at, 0)..).next() else {
+                break;
+            };
+            if l != lead {
+                break;
+            }
+            runs.push(run(tenant));
+            next_tenant = tenant.checked_add(1);
+        }
+        if runs.len() == 1 {
+            return Box::new(runs.pop().expect("one run"));
+        }
+        Box::new(MergedBySeq::new(runs))
+    }
+}
+
+/// Ordered runs of (sequence, id), merged into one ordered by sequence.
+struct MergedBySeq<'a, I> {
+    runs: Vec<I>,
+    heads: BinaryHeap<Reverse<(u64, usize, &'a AgentId)>>,
+}
+
+impl<'a, I: Iterator<Item = (u64, &'a AgentId)>> MergedBySeq<'a, I> {
+    fn new(mut runs: Vec<I>) -> Self {
+        let heads = runs
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, run)| run.next().map(|(seq, id)| Reverse((seq, i, id))))
+            .collect();
+        Self { runs, heads }
+    }
+}
+
+impl<'a, I: Iterator<Item = (u64, &'a AgentId)>> Iterator for MergedBySeq<'a, I> {
+    type Item = (u64, &'a AgentId);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let Reverse((seq, i, id)) = self.heads.pop()?;
+        if let Some((next_seq, next_id)) = self.runs[i].next() {
+            self.heads.push(Reverse((next_seq, i, next_id)));
+        }
+        Some((seq, id))
     }
 }
 
@@ -556,12 +617,14 @@ mod tests {
     #[test]
     fn a_lead_range_holds_its_own_agents_oldest_first_from_a_sequence_on() {
         let mut index = LeadIndex::default();
-        // The same lead id in two tenants, and a second lead in one.
+        // The same lead id in three tenants, and a second lead in one.
         index.insert("a", "lead", 1, id(1));
         index.insert("b", "lead", 2, id(2));
         index.insert("a", "other", 3, id(3));
         index.insert("a", "lead", 4, id(4));
-        index.insert("a", "lead", 5, id(5));
+        index.insert("c", "lead", 5, id(5));
+        index.insert("b", "lead", 6, id(6));
+        index.insert("a", "lead", 7, id(7));
         let of = |index: &LeadIndex, tenant, lead, from| {
             index
                 .range(tenant, lead, from)
@@ -569,13 +632,19 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            of(&index, "a", "lead", 0),
-            [(1, id(1)), (4, id(4)), (5, id(5))]
+            of(&index, Some("a"), "lead", 0),
+            [(1, id(1)), (4, id(4)), (7, id(7))]
         );
-        assert_eq!(of(&index, "a", "lead", 4), [(4, id(4)), (5, id(5))]);
-        assert_eq!(of(&index, "b", "lead", 0), [(2, id(2))]);
+        assert_eq!(of(&index, Some("a"), "lead", 4), [(4, id(4)), (7, id(7))]);
+        assert_eq!(of(&index, Some("b"), "lead", 0), [(2, id(2)), (6, id(6))]);
+        // Every tenant's, merged in admission order.
+        let seqs = |entries: Vec<(u64, AgentId)>| entries.iter().map(|e| e.0).collect::<Vec<_>>();
+        assert_eq!(seqs(of(&index, None, "lead", 0)), [1, 2, 4, 5, 6, 7]);
+        assert_eq!(seqs(of(&index, None, "lead", 5)), [5, 6, 7]);
+        assert_eq!(of(&index, None, "other", 0), [(3, id(3))]);
         index.remove("a", "lead", 4);
-        assert_eq!(of(&index, "a", "lead", 0), [(1, id(1)), (5, id(5))]);
-        assert!(of(&index, "b", "other", 0).is_empty());
+        assert_eq!(of(&index, Some("a"), "lead", 0), [(1, id(1)), (7, id(7))]);
+        assert!(of(&index, Some("b"), "other", 0).is_empty());
+        assert!(of(&index, None, "missing", 0).is_empty());
     }
 }
