@@ -538,6 +538,30 @@ impl Harness {
             .collect()
     }
 
+    /// The retained agents (still in the core) whose model entry passes
+    /// `keep`, in admission order: what a listing must return.
+    fn retained_where(&self, keep: impl Fn(&Meta) -> bool) -> Vec<AgentId> {
+        self.order
+            .iter()
+            .copied()
+            .filter(|id| self.core.view(*id).is_some())
+            .filter(|id| keep(&self.agents[id]))
+            .collect()
+    }
+
+    /// Every agent `filter` lists, read three at a time through the pages.
+    fn listed_in_pages(&self, filter: &AgentFilter) -> Vec<AgentId> {
+        let (mut listed, mut after) = (Vec::new(), 0);
+        loop {
+            let page = self.core.list(filter, after, 3);
+            listed.extend(page.agents.iter().map(|a| a.id));
+            match page.next_after {
+                Some(next) => after = next,
+                None => return listed,
+            }
+        }
+    }
+
     fn ids_with(&self, s: AgentStatus) -> Vec<AgentId> {
         self.order
             .iter()
@@ -1729,31 +1753,15 @@ impl Harness {
             ]
         });
         for (tenant, statuses) in every_tenant.iter().chain(per_tenant.iter().flatten()) {
-            let expected: Vec<AgentId> = self
-                .order
-                .iter()
-                .copied()
-                .filter(|id| self.core.view(*id).is_some())
-                .filter(|id| {
-                    let m = &self.agents[id];
-                    (statuses.is_empty() || statuses.iter().any(|s| m.is(*s)))
-                        && tenant.is_none_or(|t| m.tenant == t)
-                })
-                .collect();
-            let filter = AgentFilter {
+            let expected = self.retained_where(|m| {
+                (statuses.is_empty() || statuses.iter().any(|s| m.is(*s)))
+                    && tenant.is_none_or(|t| m.tenant == t)
+            });
+            let listed = self.listed_in_pages(&AgentFilter {
                 statuses: statuses.clone(),
                 tenant: tenant.map(Into::into),
                 ..AgentFilter::default()
-            };
-            let (mut listed, mut after) = (Vec::new(), 0);
-            loop {
-                let page = self.core.list(&filter, after, 3);
-                listed.extend(page.agents.iter().map(|a| a.id));
-                match page.next_after {
-                    Some(next) => after = next,
-                    None => break,
-                }
-            }
+            });
             assert_eq!(
                 listed, expected,
                 "{ctx}: Status{{statuses={statuses:?}, tenant={tenant:?}}}"
@@ -1764,30 +1772,14 @@ impl Harness {
         // by admission order, paged three at a time.
         for lead in LEADS {
             for tenant in std::iter::once(None).chain(TENANTS.map(Some)) {
-                let expected: Vec<AgentId> = self
-                    .order
-                    .iter()
-                    .copied()
-                    .filter(|id| self.core.view(*id).is_some())
-                    .filter(|id| {
-                        let m = &self.agents[id];
-                        m.lead.as_deref() == Some(lead) && tenant.is_none_or(|t| m.tenant == t)
-                    })
-                    .collect();
-                let filter = AgentFilter {
+                let expected = self.retained_where(|m| {
+                    m.lead.as_deref() == Some(lead) && tenant.is_none_or(|t| m.tenant == t)
+                });
+                let listed = self.listed_in_pages(&AgentFilter {
                     lead_id: Some(lead.to_owned()),
                     tenant: tenant.map(Into::into),
                     ..AgentFilter::default()
-                };
-                let (mut listed, mut after) = (Vec::new(), 0);
-                loop {
-                    let page = self.core.list(&filter, after, 3);
-                    listed.extend(page.agents.iter().map(|a| a.id));
-                    match page.next_after {
-                        Some(next) => after = next,
-                        None => break,
-                    }
-                }
+                });
                 assert_eq!(
                     listed, expected,
                     "{ctx}: Status{{lead_id={lead}, tenant={tenant:?}}}"
