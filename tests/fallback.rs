@@ -64,9 +64,19 @@ async fn a_run_falls_back_through_two_models_in_each_bucket_at_its_place_in_line
         (moved.model.as_str(), moved.bucket.as_str()),
         ("b/m2", "b/m2")
     );
-    assert_eq!(moved.attempt, 1);
-    assert_eq!(attempts(&moved), [att("a/m1", "PROVIDER_429", true)]);
+    // The next attempt counts from the move: attempt 2, listed after the
+    // ended one, on the new model, not started yet.
+    let next = ("b/m2".to_owned(), String::new(), false, false);
+    assert_eq!(moved.attempt, 2);
+    assert_eq!(
+        attempts(&moved),
+        [att("a/m1", "PROVIDER_429", true), next.clone()]
+    );
+    assert_eq!(moved.attempts[1].attempt, 2);
     assert!(moved.error.is_none(), "not failed: {moved:?}");
+    let now = status_of(&mut s.client, &a.id).await;
+    assert_eq!((status(&now), now.attempt), (pb::AgentStatus::Queued, 2));
+    assert_eq!(attempts(&now), [att("a/m1", "PROVIDER_429", true), next]);
     // Spawned after `a` but queued on b/m2 before it moved there.
     let c = spawn(&mut s.client, bg("b/m2", "output c")).await;
     assert_eq!(status(&c), pb::AgentStatus::Queued);
@@ -95,6 +105,15 @@ async fn a_run_falls_back_through_two_models_in_each_bucket_at_its_place_in_line
     let moved = retrying.agent.unwrap();
     assert_eq!(status(&moved), pb::AgentStatus::Queued);
     assert_eq!(moved.model, "c/m3");
+    assert_eq!(moved.attempt, 3);
+    assert_eq!(
+        attempts(&moved),
+        [
+            att("a/m1", "PROVIDER_429", true),
+            att("b/m2", "PROVIDER_503", true),
+            ("c/m3".to_owned(), String::new(), false, false),
+        ]
+    );
     let done = await_all(&mut s.client, &[&a.id]).await.remove(0);
     assert_eq!(status(&done), pb::AgentStatus::Done, "{done:?}");
     assert_eq!(done.result, "done");

@@ -537,14 +537,18 @@ async fn a_lost_worker_s_run_is_retried_once_when_its_type_allows_it() {
     let retrying = wait_for_event(&mut events, &a.id, Kind::Retrying).await;
     let agent = retrying.agent.expect("agent");
     assert_eq!(status(&agent), pb::AgentStatus::Queued);
-    assert_eq!((agent.worker_id.as_str(), agent.attempt), ("", 1));
+    // The next attempt counts from the RETRYING event: 2, after the
+    // ended one, not started yet.
+    assert_eq!((agent.worker_id.as_str(), agent.attempt), ("", 2));
+    assert_eq!(agent.attempts.len(), 2, "{agent:?}");
+    assert!(agent.attempts[0].error.is_some() && agent.attempts[1].started_at.is_none());
     assert_eq!(
         agent.queue_reason,
         "no worker connected for agent type \"reviewer\""
     );
     let a_now = status_of(&mut s.client, &a.id).await;
     assert_eq!(status(&a_now), pb::AgentStatus::Queued);
-    assert_eq!(a_now.attempt, 1);
+    assert_eq!(a_now.attempt, 2);
 
     let mut second = Worker::connect_named(addr, "second", &["reviewer"], 1).await;
     let assigned = second.assignment().await;
@@ -1200,7 +1204,7 @@ async fn a_run_queued_after_its_approval_is_retried_when_its_worker_is_lost() {
     assert_eq!(error_of(&c_now).0, "WORKER_LOST");
     let a_now = status_of(&mut s.client, &a.id).await;
     assert_eq!(status(&a_now), pb::AgentStatus::Queued, "{a_now:?}");
-    assert_eq!((a_now.worker_id.as_str(), a_now.attempt), ("", 1));
+    assert_eq!((a_now.worker_id.as_str(), a_now.attempt), ("", 2));
 
     // The bucket frees and a worker connects: the run gets its second attempt.
     steer(&mut s.client, &blocker.id, "go").await;

@@ -721,7 +721,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
 }
 
 /// Every attempt of `a`: the ended ones, then the current one once it
-/// started.
+/// started or while it waits to start as a retry.
 fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
     let ended = a.attempts.as_deref().map_or(&[][..], |x| &x.ended[..]);
     let mut out: Vec<pb::AgentAttempt> = ended
@@ -735,7 +735,7 @@ fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
             ended_at: Some(timestamp(x.ended_at)),
         })
         .collect();
-    if a.attempt as usize > ended.len() {
+    if a.has_current_attempt() {
         let ended_now = a.status.is_terminal();
         out.push(pb::AgentAttempt {
             attempt: a.attempt,

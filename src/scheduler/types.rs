@@ -223,8 +223,9 @@ pub struct AgentView {
     /// The trace the agent's run belongs to: inherited from its parent or
     /// the Spawn caller, else a new one; always set.
     pub trace_id: super::trace::TraceId,
-    /// Which run this is: 1 for the first, + 1 per retry after a lost
-    /// worker; 0 before the first start.
+    /// Which attempt this is: 1 from the first start, + 1 each time the
+    /// agent is queued again for another (a lost worker, a restart, a
+    /// fallback model), before that one starts; 0 before the first start.
     pub attempt: u32,
     /// Set on a continuation or fork: its place in its conversation. None:
     /// the first turn of the conversation its own id names (most agents;
@@ -280,6 +281,13 @@ impl AgentView {
     /// Its turn in that conversation (1 for the first).
     pub fn turn(&self) -> u32 {
         self.continuation.as_ref().map_or(1, |c| c.turn)
+    }
+
+    /// Whether attempt number `attempt` is not among the ended ones: it
+    /// runs, or waits to start as a retry.
+    pub fn has_current_attempt(&self) -> bool {
+        let ended = self.attempts.as_ref().map_or(0, |a| a.ended.len());
+        self.attempt as usize > ended
     }
 
     /// When the current attempt started (None before it has).

@@ -582,7 +582,10 @@ impl Core {
         }
         let first_start = rec.run.is_none();
         let steer_rx = if first_start {
-            rec.view.attempt += 1;
+            // A retry's attempt was counted when it was queued again.
+            if !rec.view.has_current_attempt() {
+                rec.view.attempt += 1;
+            }
             if let Some(attempts) = rec.view.attempts.as_mut() {
                 Arc::make_mut(attempts).current_started_at = Some(now);
             }

@@ -392,7 +392,7 @@ impl Core {
             // Ends this attempt's run task without a report.
             run.cancel.cancel();
         }
-        if rec.view.attempt > 0 {
+        if rec.view.has_current_attempt() {
             let ended = Attempt {
                 model: rec.view.model.clone(),
                 error,
@@ -406,11 +406,14 @@ impl Core {
     }
 
     /// Puts `id`, whose attempt ended, back in its queue for the next one.
+    /// The next attempt counts from here: the RETRYING event and Status
+    /// show it (not started yet) after the ended ones.
     fn requeue(&mut self, id: AgentId, dirty: &mut Dirty) {
         let rec = self.agents.get_mut(&id).expect("known agent");
         let worker_key = (rec.view.tenant.clone(), rec.view.agent.clone());
+        rec.view.attempt += 1;
         if let Some(span) = rec.span.as_mut() {
-            let attempt = rec.view.attempt + 1;
+            let attempt = rec.view.attempt;
             span.push(SystemTime::now(), SpanEventKind::Retrying { attempt });
         }
         if rec.view.status == AgentStatus::Queued {
