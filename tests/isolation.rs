@@ -115,8 +115,9 @@ fn may_call(caller: Caller, rpc: Rpc) -> bool {
         Rpc::Status | Rpc::List | Rpc::Await | Rpc::Watch | Rpc::WatchAll => {
             matches!(caller, Viewer | Frontend | Approver | Admin)
         }
-        Rpc::Spawn | Rpc::Cancel | Rpc::CancelLead => matches!(caller, Frontend | Admin),
-        Rpc::Steer => caller == Frontend,
+        Rpc::Spawn | Rpc::Cancel | Rpc::CancelLead | Rpc::Steer => {
+            matches!(caller, Frontend | Admin)
+        }
         Rpc::Approve => matches!(caller, Approver | Admin),
         Rpc::Connect => caller == Worker,
     }

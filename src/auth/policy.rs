@@ -13,7 +13,7 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/subagents.v1.AgentService/Await", READERS),
     ("/subagents.v1.AgentService/WatchAgents", READERS),
     ("/subagents.v1.AgentService/Cancel", &[Frontend, Admin]),
-    ("/subagents.v1.AgentService/Steer", &[Frontend]),
+    ("/subagents.v1.AgentService/Steer", &[Frontend, Admin]),
     ("/subagents.v1.AgentService/Approve", &[Approver, Admin]),
     ("/subagents.v1.AgentService/GetTranscript", READERS),
     ("/subagents.v1.WorkerService/Connect", &[Worker]),
@@ -59,7 +59,8 @@ mod tests {
         }
         assert!(may(&agent("Spawn"), Admin));
         assert!(may(&agent("Cancel"), Admin));
-        assert!(!may(&agent("Steer"), Admin));
+        // Operators unstick agents in any tenant with a message.
+        assert!(may(&agent("Steer"), Admin));
         assert!(may(&agent("Approve"), Approver));
         assert!(may(&agent("Approve"), Admin));
         assert!(!may(&agent("Approve"), Frontend));
