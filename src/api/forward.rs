@@ -264,6 +264,16 @@ where
                         }
                     };
                     Ok(match sent {
+                        // A trailers-only response (how an error without
+                        // messages is answered): its status is in the
+                        // headers and nothing follows. Relayed with a body
+                        // that is empty from the start, so the headers go
+                        // out with END_STREAM as the leader sent them; an
+                        // empty DATA frame after them is not a valid gRPC
+                        // response to grpc-core clients.
+                        Ok(response) if response.headers().contains_key("grpc-status") => {
+                            response.map(|_| Body::empty())
+                        }
                         Ok(response) => response.map(|body| {
                             Body::new(Relay {
                                 inner: body,
@@ -348,6 +358,6 @@ impl http_body::Body for Relay {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended
+        self.ended || self.inner.is_end_stream()
     }
 }

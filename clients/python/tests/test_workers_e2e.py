@@ -73,7 +73,7 @@ def _wait_for(lines: "queue.Queue[str]", marker: str, what: str) -> str:
 class Server:
     """subagentd serving a config on a free loopback port."""
 
-    def __init__(self, max_background: int = 20, config: "str | None" = None):
+    def __init__(self, max_background: int = 20, config: "str | None" = None, env: "dict | None" = None):
         self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
         self.config.write(config if config is not None else CONFIG.format(max_background=max_background))
         self.config.close()
@@ -90,12 +90,14 @@ class Server:
                 "SUBAGENTD_SERVER__SHUTDOWN_GRACE": "0s",
                 # Parallel servers must not share ./subagentd-data.
                 "SUBAGENTD_STORE__BACKEND": "memory",
+                **(env or {}),
             },
         )
-        lines: "queue.Queue[str]" = queue.Queue()
-        self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)
+        #: The server's log lines, as they come.
+        self.lines: "queue.Queue[str]" = queue.Queue()
+        self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, self.lines), daemon=True)
         self.reader.start()
-        line = _wait_for(lines, "subagentd listening", "subagentd")
+        line = _wait_for(self.lines, "subagentd listening", "subagentd")
         self.addr = line.split("addr=")[1].split()[0]
         #: The metrics endpoint (host:port).
         self.metrics = line.split("metrics=")[1].split()[0]
