@@ -81,18 +81,80 @@ pub const DEFAULT_AGENT_TYPE: &str = "simulated";
 
 /// Environment variable prefix; `__` separates a section from its key.
 pub const ENV_PREFIX: &str = "SUBAGENTD_";
-/// Top-level sections that the environment may set. Other `SUBAGENTD_*`
-/// variables (such as the CLI's `SUBAGENTD_ADDR`) are not config.
-const SECTIONS: &[&str] = &[
-    "server",
-    "limits",
-    "runs",
-    "watch",
-    "agents",
-    "telemetry",
-    "store",
-    "conversations",
-];
+
+/// Sections that only `subagentd worker` reads ([`crate::worker::config`]
+/// checks this list against its config type): the server leaves
+/// `SUBAGENTD_WORKER__*` to it, so one environment can serve both.
+pub const WORKER_ONLY_SECTIONS: &[&str] = &["worker"];
+
+/// The top-level sections of the config type `T`, read from its
+/// serialized default: the environment accepts exactly these, so a section
+/// added to the type is accepted without a list to keep by hand.
+pub fn sections_of<T: Serialize + Default>() -> Vec<String> {
+    match serde_json::to_value(T::default()) {
+        Ok(serde_json::Value::Object(map)) => map.into_iter().map(|(k, _)| k).collect(),
+        // A config type is a struct of sections; anything else is a bug
+        // that every config test would show at once.
+        other => panic!("a config type serializes to a table, not {other:?}"),
+    }
+}
+
+/// The `SUBAGENTD_<SECTION>__<KEY>` variables of the process environment
+/// for a command that reads the sections `own`, after checking that none
+/// names a section that neither it nor the other command (`others`) knows:
+/// a variable the user set and no command reads is refused, naming it.
+/// Variables without `__` (such as the CLI's `SUBAGENTD_ADDR`) are not
+/// config and are left alone.
+pub fn env_provider(own: &[String], others: &[&str]) -> Result<Env, ConfigError> {
+    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    check_env_sections(names, own, others)?;
+    let own = own.to_vec();
+    Ok(Env::prefixed(ENV_PREFIX)
+        .filter(move |key| {
+            env_section(key.as_str()).is_some_and(|s| own.iter().any(|o| o.eq_ignore_ascii_case(s)))
+        })
+        .split("__"))
+}
+
+/// The section a config variable (prefix already removed) names: the text
+/// before its first `__`; None for a variable that is not config.
+fn env_section(rest: &str) -> Option<&str> {
+    rest.split_once("__").map(|(section, _)| section)
+}
+
+fn check_env_sections(
+    names: impl Iterator<Item = String>,
+    own: &[String],
+    others: &[&str],
+) -> Result<(), ConfigError> {
+    let known = |section: &str| {
+        own.iter().any(|s| s.eq_ignore_ascii_case(section))
+            || others.iter().any(|s| s.eq_ignore_ascii_case(section))
+    };
+    for name in names {
+        let Some(prefix) = name.get(..ENV_PREFIX.len()) else {
+            continue;
+        };
+        if !prefix.eq_ignore_ascii_case(ENV_PREFIX) {
+            continue;
+        }
+        match env_section(&name[ENV_PREFIX.len()..]) {
+            Some(section) if !known(section) => {
+                let mut sections: Vec<&str> = own.iter().map(String::as_str).collect();
+                sections.extend(others);
+                sections.sort_unstable();
+                return Err(ConfigError::Load(format!(
+                    "environment variable {name} names no config section: `{}` is not one of \
+                     {} (SUBAGENTD_<SECTION>__<KEY>; unset it or fix its name)",
+                    section.to_ascii_lowercase(),
+                    sections.join(", ")
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
 
 /// The whole effective configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1232,7 +1294,10 @@ pub struct ConfigSource {
 impl ConfigSource {
     /// Loads and validates: defaults → file → environment → flags.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        self.load_with_env(Env::prefixed(ENV_PREFIX))
+        self.load_with_env(env_provider(
+            &sections_of::<Config>(),
+            WORKER_ONLY_SECTIONS,
+        )?)
     }
 
     fn load_with_env(&self, env: Env) -> Result<Config, ConfigError> {
@@ -1250,15 +1315,6 @@ impl ConfigSource {
             }
             figment = figment.merge(Toml::file_exact(file));
         }
-        let env = env
-            .filter(|key| {
-                SECTIONS.iter().any(|section| {
-                    key.as_str()
-                        .to_ascii_lowercase()
-                        .starts_with(&format!("{section}__"))
-                })
-            })
-            .split("__");
         // The standard OpenTelemetry variables, between the file and
         // `SUBAGENTD_*` (read as plain strings: a ratio such as 0.5 is not
         // a number to parse here).
@@ -1765,6 +1821,121 @@ mod tests {
             assert_eq!(c.store.backend, StoreBackend::Postgres);
             Ok(())
         });
+    }
+
+    /// One variable per section of [`Config`]: a section the type gains
+    /// without a case here fails the test, as a section the environment
+    /// layer ignored would.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn every_section_is_set_through_the_environment() {
+        type Check = fn(&Config) -> bool;
+        let cases: &[(&str, &str, &str, Check)] = &[
+            ("server", "SUBAGENTD_SERVER__SHUTDOWN_GRACE", "7s", |c| {
+                c.server.shutdown_grace == Duration::from_secs(7)
+            }),
+            ("limits", "SUBAGENTD_LIMITS__MAX_DEPTH", "9", |c| {
+                c.limits.max_depth == 9
+            }),
+            ("runs", "SUBAGENTD_RUNS__DEFAULT_TIMEOUT", "3m", |c| {
+                c.runs.default_timeout == Duration::from_secs(180)
+            }),
+            ("watch", "SUBAGENTD_WATCH__HISTORY", "777", |c| {
+                c.watch.history == 777
+            }),
+            (
+                "agents",
+                "SUBAGENTD_AGENTS__FROM_ENV__RUNNER",
+                "simulated",
+                |c| c.agents.contains_key("from_env"),
+            ),
+            (
+                "telemetry",
+                "SUBAGENTD_TELEMETRY__SERVICE_NAME",
+                "env-svc",
+                |c| c.telemetry.service_name == "env-svc",
+            ),
+            ("store", "SUBAGENTD_STORE__POOL_SIZE", "6", |c| {
+                c.store.pool_size == 6
+            }),
+            ("ha", "SUBAGENTD_HA__LEASE_TTL", "4s", |c| {
+                c.ha.lease_ttl == Duration::from_secs(4)
+            }),
+            ("auth", "SUBAGENTD_AUTH__KEYS_DIR", "/etc/env-keys", |c| {
+                c.auth.keys_dir == "/etc/env-keys"
+            }),
+            (
+                "tenants",
+                "SUBAGENTD_TENANTS__ACME__MAX_BACKGROUND_AGENTS",
+                "2",
+                |c| c.tenants.get("acme").map(|t| t.max_background_agents) == Some(2),
+            ),
+            (
+                "conversations",
+                "SUBAGENTD_CONVERSATIONS__RETENTION",
+                "2h",
+                |c| c.conversations.retention == Duration::from_secs(7200),
+            ),
+        ];
+        let mut covered: Vec<&str> = cases.iter().map(|c| c.0).collect();
+        covered.sort_unstable();
+        let mut sections = sections_of::<Config>();
+        sections.sort_unstable();
+        assert_eq!(covered, sections, "one case per section of Config");
+        figment::Jail::expect_with(|jail| {
+            for (section, var, value, _) in cases {
+                // Each on its own first: no other variable hides a miss.
+                jail.clear_env();
+                jail.set_env(var, value);
+                let c = ConfigSource::default().load().map_err(|e| e.to_string())?;
+                let check = cases.iter().find(|c| c.0 == *section).unwrap().3;
+                assert!(check(&c), "{var}={value} was ignored");
+            }
+            jail.clear_env();
+            for (_, var, value, _) in cases {
+                jail.set_env(var, value);
+            }
+            // `--dump-config` prints what `load` returns.
+            let c = ConfigSource::default().load().map_err(|e| e.to_string())?;
+            for (_, var, value, check) in cases {
+                assert!(check(&c), "{var}={value} was ignored among the others");
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn a_variable_naming_no_section_is_refused_and_the_workers_are_left_alone() {
+        figment::Jail::expect_with(|jail| {
+            // Not config (no `__`), or a section only the worker reads.
+            jail.set_env("SUBAGENTD_ADDR", "http://127.0.0.1:1");
+            jail.set_env("SUBAGENTD_TOKEN", "sk-x");
+            jail.set_env("SUBAGENTD_WORKER__CAPACITY", "4");
+            ConfigSource::default().load().map_err(|e| e.to_string())?;
+            for typo in ["SUBAGENTD_LIMIT__MAX_DEPTH", "subagentd_hq__lease_ttl"] {
+                jail.set_env(typo, "1");
+                let err = ConfigSource::default().load().expect_err(typo).to_string();
+                assert!(err.contains(typo), "names the variable: {err}");
+                assert!(err.contains("limits, runs"), "lists the sections: {err}");
+                jail.clear_env();
+            }
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn check_env_sections_passes_known_and_foreign_sections_and_refuses_the_rest() {
+        let own = vec!["limits".to_owned()];
+        let check = |names: &[&str]| {
+            check_env_sections(names.iter().map(|n| (*n).to_owned()), &own, &["worker"])
+        };
+        assert!(check(&["SUBAGENTD_LIMITS__MAX_DEPTH", "SUBAGENTD_Worker__CAPACITY"]).is_ok());
+        assert!(check(&["SUBAGENTD_ADDR", "PATH", "OTHER_X__Y", "SUBAGENTD"]).is_ok());
+        let err = check(&["SUBAGENTD___X"]).unwrap_err().to_string();
+        assert!(err.contains("SUBAGENTD___X"), "{err}");
+        let err = check(&["SUBAGENTD_HA__LEASE_TTL"]).unwrap_err().to_string();
+        assert!(err.contains("`ha` is not one of limits, worker"), "{err}");
     }
 
     #[test]

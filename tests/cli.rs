@@ -22,6 +22,60 @@ fn dump_config_prints_the_effective_config_with_env_overrides() {
     assert!(text.contains("[agents.simulated]"), "{text}");
 }
 
+/// The issue-31 case: `[ha]`, `[auth]` and `[tenants]` through the
+/// environment, and a variable naming no section refused by `serve` and
+/// `worker` alike, `--dump-config` included.
+#[test]
+fn dump_config_reads_every_section_from_the_environment_and_refuses_an_unknown_one() {
+    let dump = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagentd"));
+        cmd.args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let out = dump(
+        &["serve", "--dump-config"],
+        &[
+            ("SUBAGENTD_HA__LEASE_TTL", "4s"),
+            ("SUBAGENTD_AUTH__KEYS_DIR", "/etc/env-keys"),
+            ("SUBAGENTD_TENANTS__ACME__MAX_BACKGROUND_AGENTS", "3"),
+            // The worker's section: not the server's business.
+            ("SUBAGENTD_WORKER__CAPACITY", "2"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("lease_ttl = \"4s\""), "{text}");
+    assert!(text.contains("keys_dir = \"/etc/env-keys\""), "{text}");
+    assert!(text.contains("[tenants.acme]"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let worker_file = dir.path().join("worker.toml");
+    std::fs::write(&worker_file, "[agents.a]\nrunner = \"simulated\"\n").unwrap();
+    let worker_file = worker_file.to_str().unwrap();
+    let worker_args = [
+        "worker",
+        "--server",
+        "http://127.0.0.1:1",
+        "--config",
+        worker_file,
+        "--dump-config",
+    ];
+    let out = dump(&worker_args, &[("SUBAGENTD_HA__LEASE_TTL", "4s")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for args in [&["serve", "--dump-config"][..], &worker_args[..]] {
+        let out = dump(args, &[("SUBAGENTD_LIMIT__MAX_DEPTH", "2")]);
+        assert!(!out.status.success(), "{args:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("SUBAGENTD_LIMIT__MAX_DEPTH"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn an_invalid_config_exits_non_zero_naming_the_key_and_rule() {
     let dir = tempfile::tempdir().unwrap();

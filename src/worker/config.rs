@@ -5,12 +5,14 @@
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use figment::{
-    providers::{Env, Format, Serialized, Toml},
+    providers::{Format, Serialized, Toml},
     Figment,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::config::{invalid, AgentTypeConfig, ConfigError, RunnerKind, TelemetryConfig};
+use crate::config::{
+    env_provider, invalid, sections_of, AgentTypeConfig, ConfigError, RunnerKind, TelemetryConfig,
+};
 
 /// Default `[worker] drain_grace`.
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
@@ -57,8 +59,8 @@ impl Default for WorkerSection {
 }
 
 impl WorkerConfig {
-    /// Loads and validates: defaults → `file` → `SUBAGENTD_WORKER__*` and
-    /// `SUBAGENTD_TELEMETRY__*` variables.
+    /// Loads and validates: defaults → `file` → `SUBAGENTD_WORKER__*`,
+    /// `SUBAGENTD_AGENTS__*` and `SUBAGENTD_TELEMETRY__*` variables.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         if !file.exists() {
             return Err(ConfigError::Load(format!(
@@ -66,12 +68,11 @@ impl WorkerConfig {
                 file.display()
             )));
         }
-        let env = Env::prefixed(crate::config::ENV_PREFIX)
-            .filter(|key| {
-                let key = key.as_str().to_ascii_lowercase();
-                key.starts_with("worker__") || key.starts_with("telemetry__")
-            })
-            .split("__");
+        // The server's own sections are left to it (one environment may
+        // serve both); a section neither command knows is refused.
+        let server_sections = sections_of::<crate::config::Config>();
+        let server_sections: Vec<&str> = server_sections.iter().map(String::as_str).collect();
+        let env = env_provider(&sections_of::<Self>(), &server_sections)?;
         Self::extract(
             Figment::from(Serialized::defaults(Self::default()))
                 .merge(Toml::file_exact(file))
@@ -159,6 +160,48 @@ impl WorkerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_worker_only_sections_are_those_the_server_lacks() {
+        let server = sections_of::<crate::config::Config>();
+        let only: Vec<String> = sections_of::<WorkerConfig>()
+            .into_iter()
+            .filter(|s| !server.contains(s))
+            .collect();
+        assert_eq!(only, crate::config::WORKER_ONLY_SECTIONS);
+    }
+
+    /// One variable per section of [`WorkerConfig`]; the server's sections
+    /// are left to it, and a section neither knows is refused.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the error type
+    fn every_section_is_set_through_the_environment() {
+        let mut sections = sections_of::<WorkerConfig>();
+        sections.sort_unstable();
+        assert_eq!(
+            sections,
+            ["agents", "telemetry", "worker"],
+            "a case for each below"
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("w.toml", "[agents.a]\nrunner = \"simulated\"\n")?;
+            let file = jail.directory().join("w.toml");
+            jail.set_env("SUBAGENTD_WORKER__CAPACITY", "3");
+            jail.set_env("SUBAGENTD_AGENTS__B__RUNNER", "simulated");
+            jail.set_env("SUBAGENTD_TELEMETRY__LOG_FORMAT", "json");
+            // The server's: not the worker's business, not an error either.
+            jail.set_env("SUBAGENTD_HA__LEASE_TTL", "4s");
+            jail.set_env("SUBAGENTD_STORE__BACKEND", "memory");
+            let c = WorkerConfig::load(&file).map_err(|e| e.to_string())?;
+            assert_eq!(c.worker.capacity, 3);
+            assert_eq!(c.agents.keys().collect::<Vec<_>>(), ["a", "b"]);
+            assert_eq!(c.telemetry.log_format, crate::config::LogFormat::Json);
+            jail.set_env("SUBAGENTD_WORKERS__CAPACITY", "3");
+            let err = WorkerConfig::load(&file).expect_err("unknown").to_string();
+            assert!(err.contains("SUBAGENTD_WORKERS__CAPACITY"), "{err}");
+            Ok(())
+        });
+    }
 
     #[test]
     fn a_minimal_file_gets_the_documented_defaults() {
