@@ -26,7 +26,7 @@ use crate::{
     config::{Config, ConfigSource, StoreBackend},
     ha::{self, Elector, PgLease, Role, Timing},
     pb::{self, worker_service_server::WorkerServiceServer},
-    scheduler::Scheduler,
+    scheduler::{Core, Scheduler},
     store::{
         self,
         writer::{CommitStats, Writer},
@@ -215,14 +215,25 @@ impl ServerHandle {
         // Queued agents stay queued (a run started now would be cut short);
         // every other RPC keeps working, so callers can await the drain.
         self.scheduler.stop_admitting();
-        let running = self.scheduler.inspect(|c| c.running_count());
+        // Over a durable store worker runs go on and re-attach to the next
+        // start or leader: only in-process runs are worth the grace (a
+        // standby takes over as soon as they are done). Over the memory
+        // store every run is cancelled at the end, so all of them get it.
+        let count: fn(&Core) -> u32 = if self.writer.lock().is_some() {
+            Core::in_process_running_count
+        } else {
+            Core::running_count
+        };
+        let running = self.scheduler.inspect(count);
         if running > 0 && !self.shutdown_grace.is_zero() {
             info!(
                 running,
                 grace = %humantime::format_duration(self.shutdown_grace),
                 "shutting down: waiting for running agents"
             );
-            self.scheduler.wait_for_runs(self.shutdown_grace).await;
+            self.scheduler
+                .wait_for_runs(self.shutdown_grace, count)
+                .await;
         }
         let writer = self.writer.lock().take();
         if let Some(writer) = writer {

@@ -312,6 +312,76 @@ async fn sigterm_hands_the_lease_over_at_once_not_at_its_expiry() {
     assert_eq!(second.stop().await.code(), Some(0));
 }
 
+/// Stops the leader of two servers with `[server] shutdown_grace = "5s"`
+/// by SIGTERM, a worker run in flight or none; returns how long until the
+/// standby was elected, and the standby.
+async fn handover_with_grace(db: &Database, worker_run: bool) -> (Duration, ChildServer) {
+    let toml = format!(
+        "{}\n[agents.coder]\nrunner = \"worker\"\n",
+        config(db, "10s").replace("shutdown_grace = \"0s\"", "shutdown_grace = \"5s\"")
+    );
+    let (first, mut second) = leader_then_standby(&toml).await;
+    // The worker is connected through the standby (as behind a Service),
+    // so the leader's exit does not wait on its connection.
+    let mut worker = RawWorker::connect(&second, vec![]).await;
+    let run = if worker_run {
+        let mut client = second.client().await;
+        let run = common::spawn(
+            &mut client,
+            pb::SpawnRequest {
+                agent: "coder".into(),
+                ..keyed("held across the handover", "g")
+            },
+        )
+        .await;
+        worker.assignments(1).await;
+        Some(run)
+    } else {
+        None
+    };
+    let stopped = Instant::now();
+    first.signal(Signal::SIGTERM);
+    second
+        .log_line(|v| v["message"] == "elected: this server leads")
+        .await;
+    let took = stopped.elapsed();
+    assert_eq!(first.exit_status().await.code(), Some(0));
+    serving_as_leader(&mut second).await;
+    if let Some(run) = run {
+        // Held for its worker to re-attach, not failed or retried.
+        let mut client = second.client().await;
+        let held = common::status_of(&mut client, &run.id).await;
+        assert_eq!(
+            (common::status(&held), held.attempt),
+            (pb::AgentStatus::Running, 1)
+        );
+    }
+    drop(worker);
+    (took, second)
+}
+
+#[tokio::test]
+async fn sigterm_with_only_a_worker_run_in_flight_hands_over_without_the_grace() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let (took, second) = handover_with_grace(&db, true).await;
+    // The grace is 5 s: a leader that waited for the worker run's end
+    // would hand over after it.
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(second.stop().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn sigterm_with_no_run_at_all_hands_over_without_the_grace() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let (took, second) = handover_with_grace(&db, false).await;
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(second.stop().await.code(), Some(0));
+}
+
 /// A command type whose program holds an exclusive lock on `dir/lock` for
 /// its whole life and logs `start` to `dir/log` — or `overlap` when another
 /// run of it still holds the lock — then prints `started`.

@@ -693,13 +693,14 @@ impl Scheduler {
         self.with_core(Core::stop_admitting);
     }
 
-    /// Waits until no agent is RUNNING, or `grace` passed. Returns whether
-    /// the runs all ended. Woken by lifecycle events, not a clock.
-    pub async fn wait_for_runs(&self, grace: Duration) -> bool {
+    /// Waits until `count` (e.g. [`Core::running_count`]) is 0, or `grace`
+    /// passed. Returns whether it reached 0. Woken by lifecycle events, not
+    /// a clock.
+    pub async fn wait_for_runs(&self, grace: Duration, count: fn(&Core) -> u32) -> bool {
         let mut events = self.subscribe(&WatchQuery::default()).live;
         let deadline = tokio::time::Instant::now().checked_add(grace);
         loop {
-            if self.inspect(Core::running_count) == 0 {
+            if self.inspect(count) == 0 {
                 return true;
             }
             let next = events.recv();
@@ -713,7 +714,7 @@ impl Scheduler {
             // Lagged: some events were missed; the count above is what
             // matters, so look again.
             if let Received::Closed = received {
-                return self.inspect(Core::running_count) == 0;
+                return self.inspect(count) == 0;
             }
         }
     }

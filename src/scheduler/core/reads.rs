@@ -18,6 +18,20 @@ use crate::scheduler::{
 };
 
 impl Core {
+    /// Agents RUNNING in this process now (as [`Core::running_count`],
+    /// worker runs left out): those a shutdown over a durable store waits
+    /// for, since worker runs go on and re-attach to the next leader.
+    /// Reads the running agents only.
+    pub fn in_process_running_count(&self) -> u32 {
+        let n = self
+            .by_status
+            .running
+            .ids()
+            .filter(|id| self.agents[*id].runner != crate::config::RunnerKind::Worker)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     pub(super) fn view_of(&self, rec: &Record) -> AgentView {
         let mut v = rec.view.clone();
         if v.status == AgentStatus::Queued {
