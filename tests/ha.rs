@@ -63,6 +63,26 @@ async fn leader_then_standby(toml: &str) -> (ChildServer, ChildServer) {
     (leader, standby)
 }
 
+/// A relayed error reads as the leader's: code, message, ErrorInfo and
+/// field violations.
+fn same_error(relayed: &tonic::Status, direct: &tonic::Status) {
+    assert_eq!(
+        (relayed.code(), relayed.message()),
+        (direct.code(), direct.message())
+    );
+    assert_eq!(common::error_info(relayed), common::error_info(direct));
+    use tonic_types::StatusExt;
+    let fields = |s: &tonic::Status| {
+        s.get_details_bad_request().map(|b| {
+            b.field_violations
+                .into_iter()
+                .map(|v| (v.field, v.description))
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(fields(relayed), fields(direct));
+}
+
 #[tokio::test]
 async fn one_server_leads_and_a_standby_forwards_every_call_unchanged() {
     let Some(db) = Database::create().await else {
@@ -93,22 +113,27 @@ async fn one_server_leads_and_a_standby_forwards_every_call_unchanged() {
     let again = common::spawn(&mut direct, keyed("output other", "k1")).await;
     assert_eq!(again.id, spawned.id);
 
-    // Errors come back with their code and details.
-    let missing = via_standby
-        .status(pb::StatusRequest {
-            ids: vec![uuid::Uuid::new_v4().to_string()],
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    // Errors come back with their code and details, as the leader's own
+    // (clients/python/tests/test_standby_e2e.py checks the same with
+    // grpc-core, which refuses what tonic's client tolerates).
+    let unknown = pb::StatusRequest {
+        ids: vec![uuid::Uuid::new_v4().to_string()],
+        ..Default::default()
+    };
+    let missing = via_standby.status(unknown.clone()).await.unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
     assert_eq!(common::error_info(&missing).0, "AGENT_NOT_FOUND");
+    same_error(&missing, &direct.status(unknown).await.unwrap_err());
     let invalid = via_standby
         .spawn(pb::SpawnRequest::default())
         .await
         .unwrap_err();
     assert_eq!(invalid.code(), Code::InvalidArgument);
     assert!(!common::violated_fields(&invalid).is_empty(), "{invalid:?}");
+    same_error(
+        &invalid,
+        &direct.spawn(pb::SpawnRequest::default()).await.unwrap_err(),
+    );
 
     // A standby that stops ends the streams it relays (UNAVAILABLE, so
     // the client retries elsewhere) instead of holding its exit on them.
