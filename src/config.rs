@@ -366,6 +366,15 @@ pub struct StoreConfig {
     pub password_file: Option<PathBuf>,
     /// PostgreSQL connections. Default 4, minimum 1.
     pub pool_size: u32,
+    /// PEM file of the CA(s) that sign the PostgreSQL server's certificate,
+    /// for `sslmode=verify-ca` / `verify-full` (an `sslrootcert` in `url`
+    /// wins). Unset: the system's web PKI roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for PostgreSQL's `cert` authentication, with
+    /// `tls_key_file` (`sslcert` in `url` wins).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (`sslkey` in `url` wins).
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -376,6 +385,9 @@ impl Default for StoreConfig {
             url: String::new(),
             password_file: None,
             pool_size: DEFAULT_STORE_POOL_SIZE,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -389,6 +401,9 @@ impl fmt::Debug for StoreConfig {
             .field("url", &redact_url(&self.url))
             .field("password_file", &self.password_file)
             .field("pool_size", &self.pool_size)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .finish()
     }
 }
@@ -445,6 +460,14 @@ impl StoreConfig {
             _ if self.pool_size < 1 => Err(invalid(
                 "store.pool_size",
                 format!("must be ≥ 1 (got {})", self.pool_size),
+            )),
+            _ if self.tls_cert_file.is_some() != self.tls_key_file.is_some() => Err(invalid(
+                if self.tls_cert_file.is_some() {
+                    "store.tls_key_file"
+                } else {
+                    "store.tls_cert_file"
+                },
+                "must be set together with the other: a client certificate needs its key",
             )),
             _ => Ok(()),
         }

@@ -14,18 +14,14 @@
 //! (a commit checks the lease epoch) still stops its writes if it acted
 //! anyway.
 
-use std::{
-    future::Future,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use parking_lot::Mutex;
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::store::{
     lease::{Lease, LeaseClient, LeaseRecord},
+    postgres::ConnectOptions,
     StoreError,
 };
 
@@ -68,16 +64,17 @@ pub trait LeaseBackend: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct PgLease {
     url: String,
-    password_file: Option<PathBuf>,
+    options: ConnectOptions,
     client: Mutex<Option<Arc<LeaseClient>>>,
 }
 
 impl PgLease {
-    /// A lease on the database at `url`; connects at its first call.
-    pub fn new(url: &str, password_file: Option<&Path>) -> Self {
+    /// A lease on the database at `url` (password and TLS per
+    /// `options`); connects at its first call.
+    pub fn new(url: &str, options: ConnectOptions) -> Self {
         Self {
             url: url.to_owned(),
-            password_file: password_file.map(Path::to_owned),
+            options,
             client: Mutex::new(None),
         }
     }
@@ -87,8 +84,7 @@ impl PgLease {
         if let Some(client) = open {
             return Ok(client);
         }
-        let client =
-            Arc::new(LeaseClient::connect(&self.url, self.password_file.as_deref()).await?);
+        let client = Arc::new(LeaseClient::connect(&self.url, &self.options).await?);
         *self.client.lock() = Some(client.clone());
         Ok(client)
     }

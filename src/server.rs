@@ -327,7 +327,10 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         route.send_replace(Route::NoLeader {
             why: "electing a leader".into(),
         });
-        let lease = PgLease::new(&config.store.url, config.store.password_file.as_deref());
+        let lease = PgLease::new(
+            &config.store.url,
+            store::postgres::ConnectOptions::of(&config.store),
+        );
         let timing = Timing {
             ttl: config.ha.lease_ttl,
         };

@@ -21,14 +21,14 @@
 //! listens on it, so standbys learn of a released lease within a round
 //! trip instead of at their next poll.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures_util::StreamExt;
 use tokio::{sync::Notify, time::Instant};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
 use super::{
-    postgres::{config_of, redacted, OrEngine, DDL_LOCK, DDL_LOCK_KEY},
+    postgres::{config_of, redacted, ConnectOptions, OrEngine, DDL_LOCK, DDL_LOCK_KEY},
     StoreError,
 };
 
@@ -108,13 +108,13 @@ impl std::fmt::Debug for LeaseClient {
 }
 
 impl LeaseClient {
-    /// Connects to the database at `url` (the password as for the store)
+    /// Connects to the database at `url` (password and TLS as for the store)
     /// and creates the lease table if missing. Its connection task runs on
     /// the caller's runtime.
-    pub async fn connect(url: &str, password_file: Option<&Path>) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, options: &ConnectOptions) -> Result<Self, StoreError> {
         let where_ = redacted(url);
-        let config = config_of(url, password_file)?;
-        let (mut client, mut connection) = config.connect(NoTls).await.or_engine(&where_)?;
+        let (config, tls) = config_of(url, options)?;
+        let (mut client, mut connection) = config.connect(tls).await.or_engine(&where_)?;
         let released = Arc::new(Notify::new());
         let wake = released.clone();
         // Driving the connection by its messages (not as a plain future)

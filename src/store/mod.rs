@@ -15,6 +15,7 @@ pub mod embedded;
 pub mod lease;
 pub mod memory;
 pub mod postgres;
+pub mod postgres_tls;
 mod rows;
 pub mod writer;
 
@@ -237,21 +238,19 @@ pub fn open(
     config: &StoreConfig,
     leader_epoch: Option<u64>,
 ) -> Result<Option<Box<dyn Store>>, StoreError> {
-    let (url, password_file, pool) = (
+    let (url, options, pool) = (
         &config.url,
-        config.password_file.as_deref(),
+        postgres::ConnectOptions::of(config),
         config.pool_size,
     );
     Ok(match (config.backend, leader_epoch) {
         (StoreBackend::Memory, _) => None,
         (StoreBackend::Embedded, _) => Some(Box::new(embedded::EmbeddedStore::open(&config.path)?)),
         (StoreBackend::Postgres, None) => Some(Box::new(postgres::PostgresStore::open(
-            url,
-            password_file,
-            pool,
+            url, &options, pool,
         )?)),
         (StoreBackend::Postgres, Some(epoch)) => Some(Box::new(
-            postgres::PostgresStore::open_leader(url, password_file, pool, epoch)?,
+            postgres::PostgresStore::open_leader(url, &options, pool, epoch)?,
         )),
     })
 }

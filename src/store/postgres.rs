@@ -16,15 +16,19 @@
 //! ([`StoreError::InUse`]). If that connection is lost, so is the lock:
 //! once the store sees it closed, it refuses to commit.
 
-use std::{fmt, future::Future, path::Path, str::FromStr, time::Duration};
+use std::{fmt, future::Future, str::FromStr, time::Duration};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::{try_join4, try_join_all};
 use tokio::runtime::Runtime;
-use tokio_postgres::{types::ToSql, IsolationLevel, NoTls, Statement};
+use tokio_postgres::{types::ToSql, IsolationLevel, Statement};
 use uuid::Uuid;
 
-use super::{rows, Batch, Contents, Store, StoreError, SCHEMA_VERSION};
+pub use super::postgres_tls::ConnectOptions;
+use super::{
+    postgres_tls::{split_url, Tls},
+    rows, Batch, Contents, Store, StoreError, SCHEMA_VERSION,
+};
 use crate::{config::redact_url, scheduler::durable::LogPosition};
 
 /// How long connecting to the server may take when the URL does not say
@@ -178,22 +182,19 @@ impl PostgresStore {
     /// or a libpq key=value string), creating its tables if missing,
     /// migrating an older schema and refusing a newer one.
     ///
-    /// `password_file`, when set, holds the password (one trailing newline
-    /// is trimmed); it overrides a password in `url`. `pool_size` (at
-    /// least one) is how many pooled connections loads and commits use,
-    /// besides the one that holds the lock. Connecting gives up after
+    /// `options`: the password file, when set, holds the password (one
+    /// trailing newline is trimmed; it overrides a password in `url`),
+    /// and the TLS files (`sslmode` and the rest: [`super::postgres_tls`]).
+    /// `pool_size` (at least one) is how many pooled connections loads and
+    /// commits use, besides the one that holds the lock. Connecting gives up after
     /// [`DEFAULT_CONNECT_TIMEOUT`] unless the URL sets `connect_timeout`.
     ///
     /// Errors: [`StoreError::InUse`] when another server holds the
     /// database, [`StoreError::NewerSchema`], or [`StoreError::Engine`]
     /// (a bad URL, an unreadable password file, the server unreachable or
     /// refusing). No error contains the password.
-    pub fn open(
-        url: &str,
-        password_file: Option<&Path>,
-        pool_size: u32,
-    ) -> Result<Self, StoreError> {
-        Self::open_with(url, password_file, pool_size, true)
+    pub fn open(url: &str, options: &ConnectOptions, pool_size: u32) -> Result<Self, StoreError> {
+        Self::open_with(url, options, pool_size, true)
     }
 
     /// Opens the store for the leader of lease `epoch`: as [`Self::open`]
@@ -202,21 +203,21 @@ impl PostgresStore {
     /// lease is what keeps other servers out.
     pub fn open_leader(
         url: &str,
-        password_file: Option<&Path>,
+        options: &ConnectOptions,
         pool_size: u32,
         epoch: u64,
     ) -> Result<Self, StoreError> {
-        Ok(Self::open_with(url, password_file, pool_size, false)?.fenced(epoch))
+        Ok(Self::open_with(url, options, pool_size, false)?.fenced(epoch))
     }
 
     fn open_with(
         url: &str,
-        password_file: Option<&Path>,
+        options: &ConnectOptions,
         pool_size: u32,
         exclusive: bool,
     ) -> Result<Self, StoreError> {
         let where_ = redacted(url);
-        let config = config_of(url, password_file)?;
+        let (config, tls) = config_of(url, options)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -225,7 +226,7 @@ impl PostgresStore {
             None
         } else {
             Some(runtime.block_on(async {
-                let (client, connection) = config.connect(NoTls).await.or_engine(&where_)?;
+                let (client, connection) = config.connect(tls.clone()).await.or_engine(&where_)?;
                 tokio::spawn(connection);
                 let row = client
                     .query_one(TRY_LOCK, &[&LOCK_KEY])
@@ -242,7 +243,7 @@ impl PostgresStore {
         };
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             // A pooled connection the server or a proxy closed while idle
             // looks open until its task runs, and the connection tasks
             // only run while a call blocks on the runtime. An empty query
@@ -535,22 +536,33 @@ impl Store for PostgresStore {
     }
 }
 
-/// The client configuration of `url`, with the password from
-/// `password_file` (its one trailing newline trimmed) if set, and the
-/// defaults subagentd adds: [`DEFAULT_CONNECT_TIMEOUT`] and the
-/// application name `subagentd`, unless the URL sets them.
+/// The client configuration of `url` and its TLS connector: the URL's
+/// TLS parameters and `options`' files ([`super::postgres_tls`]), the
+/// password from `options.password_file` (its one trailing newline
+/// trimmed) if set, and the defaults subagentd adds:
+/// [`DEFAULT_CONNECT_TIMEOUT`] and the application name `subagentd`,
+/// unless the URL sets them.
 pub(super) fn config_of(
     url: &str,
-    password_file: Option<&Path>,
-) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+    options: &ConnectOptions,
+) -> Result<(tokio_postgres::Config, Tls), StoreError> {
+    let invalid = |e: &dyn std::fmt::Display| {
         StoreError::Engine(format!(
-            "{} is not a valid PostgreSQL connection URL: {}",
+            "{} is not a valid PostgreSQL connection URL: {e}",
             redacted(url),
-            chain(&e)
+        ))
+    };
+    let (rest, tls) = split_url(url, options).map_err(|e| invalid(&e))?;
+    let mut config = tokio_postgres::Config::from_str(&rest).map_err(|e| invalid(&chain(&e)))?;
+    config.ssl_mode(tls.client_mode());
+    let connector = tls.connector().map_err(|e| {
+        StoreError::Engine(format!(
+            "postgres store {}: sslmode={}: {e}",
+            redacted(url),
+            tls.mode
         ))
     })?;
-    if let Some(path) = password_file {
+    if let Some(path) = &options.password_file {
         let bytes = std::fs::read(path).map_err(|e| {
             StoreError::Engine(format!(
                 "cannot read the password file {}: {e}",
@@ -569,7 +581,21 @@ pub(super) fn config_of(
     if config.get_application_name().is_none() {
         config.application_name("subagentd");
     }
-    Ok(config)
+    Ok((config, connector))
+}
+
+/// A client of the database at `url` (as the store connects: TLS and
+/// password per `options`), its connection driven by a task of the
+/// caller's runtime. For tools and tests that need a plain connection.
+pub async fn connect(
+    url: &str,
+    options: &ConnectOptions,
+) -> Result<tokio_postgres::Client, StoreError> {
+    let where_ = redacted(url);
+    let (config, tls) = config_of(url, options)?;
+    let (client, connection) = config.connect(tls).await.or_engine(&where_)?;
+    tokio::spawn(connection);
+    Ok(client)
 }
 
 /// `url` fit for a message (see [`redact_url`]: never its password).
@@ -673,31 +699,29 @@ mod tests {
         }
     }
 
-    /// `server`'s URL with another password and database.
+    /// `server`'s URL with another password and database (its parameters,
+    /// such as `sslmode`, kept).
     fn url_of(server: &str, password: Option<&str>, dbname: &str) -> String {
         let (scheme, rest) = server.split_once("://").unwrap();
+        let query = rest.find('?').map_or("", |i| &rest[i..]);
         let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
         let (user, host) = authority.rsplit_once('@').unwrap();
         let user = user.split_once(':').map_or(user, |(user, _)| user);
         match password {
-            Some(password) => format!("{scheme}://{user}:{password}@{host}/{dbname}"),
-            None => format!("{scheme}://{user}@{host}/{dbname}"),
+            Some(password) => format!("{scheme}://{user}:{password}@{host}/{dbname}{query}"),
+            None => format!("{scheme}://{user}@{host}/{dbname}{query}"),
         }
     }
 
     /// Runs `sql` on its own connection to `url`.
-    fn admin(url: &str, sql: &str) -> Result<(), tokio_postgres::Error> {
+    fn admin(url: &str, sql: &str) -> Result<(), StoreError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-            let connection = tokio::spawn(connection);
-            client.batch_execute(sql).await?;
-            drop(client);
-            let _ = connection.await;
-            Ok(())
+            let client = connect(url, &ConnectOptions::default()).await?;
+            client.batch_execute(sql).await.or_engine(url)
         })
     }
 
@@ -709,15 +733,14 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-            tokio::spawn(connection);
+            let client = connect(url, &ConnectOptions::default()).await.unwrap();
             let row = client.query_one(GET_SCHEMA, &[&SCHEMA]).await.unwrap();
             u64::try_from(row.get::<_, i64>(0)).unwrap()
         })
     }
 
     fn open(url: &str) -> Result<PostgresStore, StoreError> {
-        PostgresStore::open(url, None, 2)
+        PostgresStore::open(url, &ConnectOptions::default(), 2)
     }
 
     #[test]
@@ -859,6 +882,13 @@ mod tests {
         assert_eq!(schema_version(&db.url), u64::from(SCHEMA_VERSION));
     }
 
+    fn password_file(path: &std::path::Path) -> ConnectOptions {
+        ConnectOptions {
+            password_file: Some(path.to_owned()),
+            ..ConnectOptions::default()
+        }
+    }
+
     #[test]
     fn the_password_file_overrides_the_url_without_its_trailing_newline() {
         let url = "postgres://subagentd:in-the-url@127.0.0.1:55432/db";
@@ -870,10 +900,10 @@ mod tests {
         ] {
             let mut file = tempfile::NamedTempFile::new().unwrap();
             file.write_all(content).unwrap();
-            let config = config_of(url, Some(file.path())).unwrap();
+            let (config, _) = config_of(url, &password_file(file.path())).unwrap();
             assert_eq!(config.get_password(), Some(password));
         }
-        let config = config_of(url, None).unwrap();
+        let (config, _) = config_of(url, &ConnectOptions::default()).unwrap();
         assert_eq!(config.get_password(), Some(&b"in-the-url"[..]));
         assert_eq!(config.get_connect_timeout(), Some(&DEFAULT_CONNECT_TIMEOUT));
     }
@@ -882,7 +912,9 @@ mod tests {
     fn a_missing_password_file_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("absent");
-        let err = config_of("postgres://u@h/db", Some(&path)).unwrap_err();
+        let Err(err) = config_of("postgres://u@h/db", &password_file(&path)) else {
+            panic!("read a missing file");
+        };
         assert!(
             err.to_string().contains(&path.display().to_string()),
             "{err}"
@@ -897,7 +929,9 @@ mod tests {
             "postgres://subagentd@127.0.0.1/db?password=hunter2&no_such_option=1",
             "host=127.0.0.1 password=hunter2 no_such_option=1",
         ] {
-            let err = config_of(url, None).unwrap_err();
+            let Err(err) = config_of(url, &ConnectOptions::default()) else {
+                panic!("{url} parsed");
+            };
             let msg = err.to_string();
             assert!(matches!(err, StoreError::Engine(_)), "{err:?}");
             assert!(
@@ -955,8 +989,9 @@ mod tests {
         let rt = runtime();
         rt.block_on(async {
             let ttl = Duration::from_secs(30);
+            let options = ConnectOptions::default();
             let clients: Vec<LeaseClient> =
-                try_join_all((0..8).map(|_| LeaseClient::connect(&db.url, None)))
+                try_join_all((0..8).map(|_| LeaseClient::connect(&db.url, &options)))
                     .await
                     .unwrap();
             assert_eq!(clients[0].current().await.unwrap(), None);
@@ -1020,8 +1055,12 @@ mod tests {
         let rt = runtime();
         rt.block_on(async {
             let (a, b) = (
-                LeaseClient::connect(&db.url, None).await.unwrap(),
-                LeaseClient::connect(&db.url, None).await.unwrap(),
+                LeaseClient::connect(&db.url, &ConnectOptions::default())
+                    .await
+                    .unwrap(),
+                LeaseClient::connect(&db.url, &ConnectOptions::default())
+                    .await
+                    .unwrap(),
             );
             let ttl = Duration::from_millis(300);
             let started = tokio::time::Instant::now();
@@ -1058,8 +1097,12 @@ mod tests {
         let ttl = Duration::from_secs(30);
         let (a, b) = rt.block_on(async {
             (
-                LeaseClient::connect(&db.url, None).await.unwrap(),
-                LeaseClient::connect(&db.url, None).await.unwrap(),
+                LeaseClient::connect(&db.url, &ConnectOptions::default())
+                    .await
+                    .unwrap(),
+                LeaseClient::connect(&db.url, &ConnectOptions::default())
+                    .await
+                    .unwrap(),
             )
         });
         let first = rt.block_on(a.try_acquire("a", ttl)).unwrap().unwrap();

@@ -1,7 +1,7 @@
 //! A fresh database per test on the throwaway PostgreSQL server CI starts
 //! (`.ci/postgres.sh`, which sets `SUBAGENTD_TEST_POSTGRES`).
 
-use tokio_postgres::NoTls;
+use subagentd::store::postgres::{connect, ConnectOptions};
 
 /// The server the tests create their databases in.
 const SERVER_ENV: &str = "SUBAGENTD_TEST_POSTGRES";
@@ -31,10 +31,15 @@ impl Database {
         };
         let name = format!("test_{}", uuid::Uuid::new_v4().simple());
         admin(&server, &format!("CREATE DATABASE {name}")).await;
-        let base = server
-            .rsplit_once('/')
-            .map_or(server.as_str(), |(base, _)| base);
-        let url = format!("{base}/{name}");
+        // The same server and parameters (`sslmode`, `sslrootcert`, …),
+        // another database.
+        let (base, query) = server
+            .split_once('?')
+            .map_or((server.as_str(), String::new()), |(b, q)| {
+                (b, format!("?{q}"))
+            });
+        let base = base.rsplit_once('/').map_or(base, |(base, _)| base);
+        let url = format!("{base}/{name}{query}");
         Some(Self { server, name, url })
     }
 }
@@ -57,15 +62,13 @@ impl Drop for Database {
     }
 }
 
+/// Runs `sql` on a connection made as the server makes its own (TLS too).
 async fn admin(url: &str, sql: &str) {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
+    let client = connect(url, &ConnectOptions::default())
         .await
         .unwrap_or_else(|e| panic!("cannot reach the test PostgreSQL server at {url}: {e}"));
-    let connection = tokio::spawn(connection);
     client
         .batch_execute(sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    drop(client);
-    let _ = connection.await;
 }
