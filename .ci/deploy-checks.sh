@@ -15,7 +15,9 @@
 # period, probes, security, secrets, the store's volume or Secret, no
 # password in a ConfigMap, config checksum, the worker Deployment), and, when
 # target/debug/subagentd exists, that each rendered config.toml is a valid
-# config for the real binary (`serve --dump-config`, `worker --dump-config`).
+# config for the real binary (`serve --dump-config`, `worker --dump-config`),
+# and that the chart renders every key of those configs, save the ones it
+# excludes with a reason (config_keys, EXCLUDED).
 # One line per check; on a failure, the tool's output and a non-zero exit.
 set -euo pipefail
 
@@ -296,6 +298,11 @@ BAD_CASES=(
   'continueArgs without {session}|/agents/c/continueArgs|agents:\n  c:\n    runner: command\n    command: [cli]\n    continueArgs: [--resume]'
   'a fallback model without a provider|/agents/w/fallbackModels/0|agents:\n  w:\n    runner: simulated\n    fallbackModels: [gpt]'
   'conversation retention 0s|/conversations/retention|conversations:\n  retention: 0s'
+  'retryOnRestart on a worker type|invalid propertyName '"'"'retryOnRestart'"'"'|agents:\n  w:\n    runner: worker\n    retryOnRestart: 1'
+  'retryOnRestart in worker.agents|/worker/agents/w|worker:\n  agents:\n    w:\n      runner: simulated\n      retryOnRestart: 1'
+  'a JWT issuer without a JWKS URL|/auth/jwt/jwksUrl|auth:\n  jwt:\n    issuer: https://login.example.com/\n    audience: subagentd'
+  'ha lease 0s|/ha/leaseTtl|ha:\n  leaseTtl: 0s'
+  'a PostgreSQL TLS Secret key with a slash|/store/postgres/tls/caKey|store:\n  postgres:\n    tls:\n      caSecret: pg-ca\n      caKey: a/b'
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out
@@ -323,6 +330,7 @@ TEMPLATE_BAD_CASES=(
   'certificate principals without client certificates|auth.certs: certificate principals need client certificates|auth:\n  certs:\n    - san: spiffe://x\n      tenant: t\n      roles: [viewer]\ntls:\n  secret: s'
   'client certificates without TLS|tls.clientAuth: client certificates need TLS|tls:\n  clientAuth: required'
   'metrics over TLS without TLS|metrics.tls: serves tls.secret|metrics:\n  tls: true'
+  'the leader verified with the TLS Secret'"'"'s CA without TLS|ha.tlsCaFromSecret|ha:\n  tlsCaFromSecret: true'
   'workers without a certificate under TLS|worker.tlsSecret|agents:\n  w:\n    runner: worker\ntls:\n  secret: s\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated'
   'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
 )
@@ -561,6 +569,29 @@ if backend == "postgres":
         need(psc.get("fsGroup") == 10001, "fsGroup 10001: the password file is readable by the image's user")
     else:
         need("password_file" not in st, "no password_file without existingSecret")
+    ptls = pg["tls"]
+    files = [st.get(k) for k in ("tls_ca_file", "tls_cert_file", "tls_key_file")]
+    if ptls["caSecret"] or ptls["clientCertSecret"]:
+        d = os.path.dirname([f for f in files if f][0])
+        need(all(os.path.dirname(f) == d for f in files if f), "the TLS files are in one directory")
+        vol = vols[mounts[d]]
+        want = []
+        if ptls["caSecret"]:
+            want.append({"name": ptls["caSecret"], "items": [{"key": ptls["caKey"], "path": "ca.crt"}]})
+        if ptls["clientCertSecret"]:
+            want.append({"name": ptls["clientCertSecret"], "items": [{"key": ptls["certKey"], "path": "tls.crt"},
+                                                                     {"key": ptls["keyKey"], "path": "tls.key"}]})
+        need([s["secret"] for s in vol["projected"]["sources"]] == want
+             and vol["projected"]["defaultMode"] & 0o007 == 0,
+             "postgres TLS: the Secrets' keys, not readable by others")
+        need(files == [f"{d}/ca.crt" if ptls["caSecret"] else None]
+             + ([f"{d}/tls.crt", f"{d}/tls.key"] if ptls["clientCertSecret"] else [None, None]),
+             f"[store] tls_ca_file, tls_cert_file, tls_key_file are the mounted files: {files}")
+        need([m for m in c["volumeMounts"] if m["mountPath"] == d][0].get("readOnly") is True, "postgres TLS mount read-only")
+        need(psc.get("fsGroup") == 10001, "fsGroup 10001: the TLS files are readable by the image's user")
+    else:
+        need(files == [None] * 3, "no [store] tls_* files without store.postgres.tls Secrets")
+        need(not [v for v in pod["volumes"] if "projected" in v], "no PostgreSQL TLS volume")
     if pg["urlSecret"]:
         ref = url_env["valueFrom"]["secretKeyRef"]
         need("value" not in url_env and ref == {"name": pg["urlSecret"], "key": pg["urlKey"]},
@@ -568,7 +599,9 @@ if backend == "postgres":
     else:
         need(url_env is None, "no SUBAGENTD_STORE__URL without urlSecret")
 else:
-    need("url" not in st and "password_file" not in st and url_env is None, f"backend {backend}: no PostgreSQL keys")
+    need(not {"url", "password_file", "tls_ca_file", "tls_cert_file", "tls_key_file"} & set(st) and url_env is None,
+         f"backend {backend}: no PostgreSQL keys")
+    need(not [v for v in pod["volumes"] if "projected" in v], f"backend {backend}: no PostgreSQL TLS volume")
 # No password in any ConfigMap or plain env value, however it would be written.
 texts = [(f"ConfigMap {d['metadata']['name']} {k}", v) for d in all_docs if d["kind"] == "ConfigMap"
          for k, v in (d.get("data") or {}).items()]
@@ -584,7 +617,7 @@ for r in "${RENDERS[@]}"; do
   case "$id" in
     default) about="1 replica, Recreate, grace period > shutdown_grace, gRPC probes, security, /tmp, ports, a PersistentVolumeClaim at /var/lib/subagentd, no password in the ConfigMap" ;;
     all-on) about="same, plus API keys from Secrets under api_key_env, the claim's class, mode and annotations; a worker Deployment, ConfigMap and HPA whose pods no server selector matches, --server the Service, grace = drain + kill grace + margin" ;;
-    postgres) about="3 replicas, RollingUpdate with maxUnavailable 0, a PDB, anti-affinity across nodes, POD_IP, no claim, password_file from the Secret, mounted read-only, no password in the ConfigMap" ;;
+    postgres) about="3 replicas, RollingUpdate with maxUnavailable 0, a PDB, anti-affinity across nodes, POD_IP, no claim, password_file from the Secret, TLS files from the CA and client-certificate Secrets, mounted read-only, no password in the ConfigMap" ;;
     postgres-url) about="no claim, SUBAGENTD_STORE__URL from the Secret, no password in the ConfigMap" ;;
     ephemeral) about="an emptyDir at /var/lib/subagentd, no claim" ;;
     existing-claim) about="the existing claim at /var/lib/subagentd, no claim of its own" ;;
@@ -646,7 +679,7 @@ if not values:  # deploy/config/container.toml: the embedded store in the image'
     sys.exit(0)
 auth = values["auth"]
 need(au["mode"] == auth["mode"], "auth.mode")
-if auth["mode"] == "required":
+if auth["mode"] == "required" and auth["keysSecret"]:
     need(au["keys_dir"] == "/var/run/secrets/subagentd/keys", "auth.keys_dir is the Secret's mount")
 else:
     need(au["allow_unauthenticated"] is True, "auth.allow_unauthenticated")
@@ -658,6 +691,11 @@ if store["backend"] == "postgres":
     need(st["pool_size"] == pg["poolSize"], "store.pool_size")
     need(st.get("password_file") == ("/var/run/secrets/subagentd/postgres/password" if pg["existingSecret"] else None),
          "store.password_file")
+    d = "/var/run/secrets/subagentd/postgres-tls"
+    need(st.get("tls_ca_file") == (f"{d}/ca.crt" if pg["tls"]["caSecret"] else None), "store.tls_ca_file")
+    need((st.get("tls_cert_file"), st.get("tls_key_file"))
+         == ((f"{d}/tls.crt", f"{d}/tls.key") if pg["tls"]["clientCertSecret"] else (None, None)),
+         "store.tls_cert_file and tls_key_file")
     if pg["urlSecret"]:  # the variable wins over the file, and its password is never shown
         secret = os.environ["SECRET_URL"]
         need(st["url"] == secret.replace(":not-a-real-password@", ":***@"), f"store.url from the variable: {st['url']}")
@@ -709,6 +747,184 @@ for name, agent in w["agents"].items():
         need(dump["agents"][name]["command"] == agent["command"], f"agents.{name}.command round-trips")
 EOF
 }
+# Every config key an operator sets per deployment is a value of the chart.
+# The keys are what the binary has: the key paths of `serve --dump-config` and
+# `worker --dump-config` of the rendered files, completed with the keys each
+# section accepts, which the binary names when it refuses an unknown one (the
+# dump leaves out optional keys that are not set, such as
+# agents.NAME.retry_on_restart or store.tls_ca_file). Map sections compare as
+# one entry (agents.*.KEY: the keys of every rendered type together), lists of
+# tables as one item (auth.certs[].san), name → value tables as PATH.*. Each
+# key must be in a rendered config.toml (the all-on and the postgres values:
+# one store backend each), or in EXCLUDED with its reason. An excluded key the
+# chart renders, or one the binary no longer has, fails as well.
+config_keys() { # SERVER-RENDERS... -- WORKER-RENDER
+  env -i PATH=/usr/bin:/bin "$PY" - "$BINARY" "$WORK/keys" "$@" <<'EOF'
+import os, re, subprocess, sys, tomllib, yaml
+
+binary, work = sys.argv[1], sys.argv[2]
+sep = sys.argv.index("--")
+server_renders, worker_renders = sys.argv[3:sep], sys.argv[sep + 1:]
+os.makedirs(work, exist_ok=True)
+
+# Keys the chart leaves out on purpose. An entry covers the key and every key
+# under it; each says why.
+EXCLUDED = {
+    "serve": {
+        # Per pod, not per deployment: every pod sets POD_IP (downward API)
+        # and advertises $POD_IP:50051, the default.
+        "ha.advertise_address",
+        # Inline keys would sit in the ConfigMap, readable by anyone who reads
+        # ConfigMaps: the chart mounts auth.keysSecret as [auth] keys_dir
+        # (rendered), which also picks up changes without a restart.
+        "auth.keys",
+        # A file in the pod: the chart reads the JWKS from auth.jwt.jwksUrl
+        # ([auth.jwt] jwks_url, rendered); jwks_file and jwks_url exclude each other.
+        "auth.jwt.jwks_file",
+    },
+    "worker": {
+        # Per pod, not per deployment: the default (host name and pid) differs
+        # in every pod; one ConfigMap would give them all the same name.
+        "worker.name",
+        # The server's keys ([agents.NAME] of its config): the worker refuses them.
+        "agents.*.retry_on_worker_lost",
+        "agents.*.retry_on_restart",
+        # A worker serves no metrics: the chart renders metrics_listen = "".
+        "telemetry.metrics_token_file",
+        "telemetry.metrics_tls",
+    },
+}
+# Sections keyed by a name the operator picks: [agents.NAME], [tenants.NAME], ...
+ENTRY_MAPS = {"agents", "tenants", "auth.keys"}
+# name → value tables: their entries compare as PATH.*.
+SCALAR_MAPS = {"limits.provider_concurrency", "limits.model_concurrency",
+               "agents.*.env", "agents.*.model_map", "worker.labels"}
+
+def join(path, key):
+    return f"{path}.{key}" if path else key
+
+def flatten(table, prefix="", out=None, rendered=False):
+    """The normalised key paths of a TOML table."""
+    out = set() if out is None else out
+    for k, v in table.items():
+        path = join(prefix, "*" if prefix in ENTRY_MAPS else k)
+        if path in SCALAR_MAPS:
+            if v or not rendered:
+                out.add(path + ".*")
+        elif isinstance(v, dict):
+            flatten(v, path, out, rendered)
+        elif isinstance(v, list) and v and all(isinstance(i, dict) for i in v):
+            for item in v:
+                flatten(item, path + "[]", out, rendered)
+        else:
+            out.add(path)
+    return out
+
+def values_at(table, path):
+    """Every value at a normalised path (all entries for *, all items for [])."""
+    vals = [table]
+    for seg in path.split(".") if path else []:
+        nxt = []
+        for v in vals:
+            many = seg.endswith("[]")
+            key = seg[:-2] if many else seg
+            if not isinstance(v, dict):
+                continue
+            got = list(v.values()) if key == "*" else [v[key]] if key in v else []
+            for g in got:
+                nxt.extend(g if many and isinstance(g, list) else [g])
+        vals = nxt
+    return vals
+
+def run(cmd, text, name):
+    f = os.path.join(work, name)
+    with open(f, "w") as fh:
+        fh.write(text)
+    return subprocess.run(cmd(f), capture_output=True, text=True)
+
+def probe(cmd, path):
+    """The keys the table at PATH accepts, from the binary's error for an
+    unknown one; None if the binary does not refuse it as an unknown key (a
+    scalar, a list, a map)."""
+    segs = ['"zz-probe"' if s == "*" else s.removesuffix("[]") for s in path.split(".")] if path else []
+    if path.endswith("[]"):
+        header = f"[[{'.'.join(segs)}]]\n"
+    else:
+        header = f"[{'.'.join(segs)}]\n" if segs else ""
+    r = run(cmd, header + "zz_probe = 0\n", "probe.toml")
+    m = re.search(r"unknown field: found `zz_probe`, expected (.*?)(?: for key |$)", r.stderr, re.M)
+    if not m:
+        return None
+    return re.findall(r"`([A-Za-z0-9_]+)`", m.group(1))
+
+def universe(cmd, dump):
+    """Every key path the binary's config has, normalised."""
+    keys = flatten(dump)
+    def walk(path):
+        fields = probe(cmd, path)
+        if fields is None:
+            sys.exit(f"{cmd(None)[1]}: cannot list the keys of [{path or 'the root'}]: "
+                     f"add it to ENTRY_MAPS or SCALAR_MAPS")
+        for f in fields:
+            p = join(path, f)
+            if p in SCALAR_MAPS:
+                keys.add(p + ".*")
+                continue
+            if p in ENTRY_MAPS:
+                walk(p + ".*")
+                continue
+            vals = values_at(dump, p)
+            if any(isinstance(v, dict) for v in vals):
+                walk(p)
+            elif any(isinstance(v, list) and v and all(isinstance(i, dict) for i in v) for v in vals):
+                walk(p + "[]")
+            elif vals or probe(cmd, p) is None:
+                keys.add(p)
+            else:  # an optional table the dump leaves out ([auth.jwt])
+                walk(p)
+    walk("")
+    return keys
+
+def under(key, entry):
+    return key == entry or key.startswith(entry + ".") or key.startswith(entry + "[]")
+
+def extract(rendered, worker):
+    (cm,) = [d for d in yaml.safe_load_all(open(rendered)) if d and d["kind"] == "ConfigMap"
+             and (d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker") == worker]
+    return cm["data"]["config.toml"]
+
+failures = []
+for what, renders, worker in [("serve", server_renders, False), ("worker", worker_renders, True)]:
+    if worker:
+        cmd = lambda f: [binary, "worker", "--server", "http://subagentd.agents.svc:50051",
+                         "--config", f, "--dump-config"]
+    else:
+        cmd = lambda f: [binary, "serve", "--config", f, "--dump-config"]
+    known, rendered = set(), set()
+    for i, r in enumerate(renders):
+        text = extract(r, worker)
+        rendered |= flatten(tomllib.loads(text), rendered=True)
+        out = run(cmd, text, f"{what}-{i}.toml")
+        if out.returncode != 0:
+            sys.exit(f"{what} --dump-config refuses the config rendered from {r}:\n{out.stderr}")
+        known |= universe(cmd, tomllib.loads(out.stdout))
+    excluded = EXCLUDED[what]
+    covered = {k for k in known if any(under(r, k) for r in rendered)}
+    for key in sorted(known - covered):
+        if not any(under(key, e) for e in excluded):
+            failures.append(f"{what}: {key} is not rendered by the chart, nor in EXCLUDED")
+    for e in sorted(excluded):
+        if not any(under(k, e) for k in known):
+            failures.append(f"{what}: EXCLUDED {e} is no longer a config key")
+        for r in sorted(rendered):
+            if under(r, e):
+                failures.append(f"{what}: EXCLUDED {e}, but the chart renders {r}")
+    print(f"{what}: {len(known)} key paths, {len(covered)} rendered, "
+          f"{sum(1 for k in known if any(under(k, e) for e in excluded))} excluded")
+if failures:
+    sys.exit("\n".join(failures))
+EOF
+}
 if [ -x "$BINARY" ]; then
   for r in "${RENDERS[@]}"; do
     IFS='|' read -r id what file <<<"$r"
@@ -721,6 +937,8 @@ if [ -x "$BINARY" ]; then
   # The workers' config.toml (renders with worker.enabled) against `subagentd worker`.
   check "$BINARY worker --dump-config accepts the rendered worker config.toml (all-on values)" \
     worker_dump_config "$WORK/render-all-on.yaml" "$CHART/values.yaml" "$ALL_ON"
+  check "every config key of serve/worker --dump-config is rendered (all-on and postgres values) or excluded with a reason" \
+    config_keys "$WORK/render-all-on.yaml" "$WORK/render-postgres.yaml" -- "$WORK/render-all-on.yaml"
 else
   skip "rendered config.toml against the binary: no $BINARY (cargo build --locked --bins builds it)"
 fi

@@ -72,11 +72,19 @@ Called with (list $name $agent).
 {{- end }}
 
 {{/*
-Fixed paths: the embedded store's data directory (the image's VOLUME) and the
-directory of the PostgreSQL password file (a Secret volume).
+Fixed paths: the embedded store's data directory (the image's VOLUME), the
+directory of the PostgreSQL password file (a Secret volume) and that of the
+PostgreSQL TLS files (a projected volume of one or two Secrets).
 */}}
 {{- define "subagentd.dataDir" -}}/var/lib/subagentd{{- end }}
 {{- define "subagentd.postgresSecretDir" -}}/var/run/secrets/subagentd/postgres{{- end }}
+{{- define "subagentd.postgresTlsDir" -}}/var/run/secrets/subagentd/postgres-tls{{- end }}
+
+{{/* "true" when the PostgreSQL TLS files are mounted (store.postgres.tls), else "". */}}
+{{- define "subagentd.postgresTls" -}}
+{{- $pg := .Values.store.postgres }}
+{{- if and (eq (toString .Values.store.backend) "postgres") $pg.tls (or $pg.tls.caSecret $pg.tls.clientCertSecret) }}true{{ end }}
+{{- end }}
 
 {{/* The PersistentVolumeClaim of the embedded store: existingClaim or the chart's own. */}}
 {{- define "subagentd.dataClaimName" -}}
@@ -199,6 +207,20 @@ listen = "0.0.0.0:{{ include "subagentd.grpcContainerPort" . }}"
 keepalive_interval = {{ include "subagentd.tomlString" $v.server.keepaliveInterval }}
 keepalive_timeout = {{ include "subagentd.tomlString" $v.server.keepaliveTimeout }}
 shutdown_grace = "{{ int64 $v.server.shutdownGraceSeconds }}s"
+{{- with $v.server }}
+{{- if hasKey . "maxConcurrentStreams" }}
+max_concurrent_streams = {{ include "subagentd.tomlInt" .maxConcurrentStreams }}
+{{- end }}
+{{- if hasKey . "maxHeaderListBytes" }}
+max_header_list_bytes = {{ include "subagentd.tomlInt" .maxHeaderListBytes }}
+{{- end }}
+{{- if hasKey . "maxMessageBytes" }}
+max_message_bytes = {{ include "subagentd.tomlInt" .maxMessageBytes }}
+{{- end }}
+{{- if hasKey . "maxPendingResetStreams" }}
+max_pending_reset_streams = {{ include "subagentd.tomlInt" .maxPendingResetStreams }}
+{{- end }}
+{{- end }}
 {{- if $v.tls.secret }}
 health_listen = "0.0.0.0:{{ int64 $v.tls.healthPort }}"
 
@@ -211,12 +233,42 @@ client_ca_file = "{{ include "subagentd.tlsDir" . }}/ca.crt"
 client_auth = {{ include "subagentd.tomlString" $v.tls.clientAuth }}
 {{- end }}
 
+[ha]
+{{- with $v.ha }}
+{{- if hasKey . "leaseTtl" }}
+lease_ttl = {{ include "subagentd.tomlString" .leaseTtl }}
+{{- end }}
+{{- if .tlsServerName }}
+tls_server_name = {{ include "subagentd.tomlString" .tlsServerName }}
+{{- end }}
+{{- if and .tlsCaFromSecret $v.tls.secret }}
+tls_ca_file = "{{ include "subagentd.tlsDir" $ }}/ca.crt"
+{{- end }}
+{{- end }}
+
 [auth]
 mode = {{ include "subagentd.tomlString" $v.auth.mode }}
-{{- if eq (toString $v.auth.mode) "required" }}
+allow_unauthenticated = {{ $v.auth.allowUnauthenticated | default false }}
+{{- if and (eq (toString $v.auth.mode) "required") $v.auth.keysSecret }}
 keys_dir = "{{ include "subagentd.keysDir" . }}"
-{{- else }}
-allow_unauthenticated = {{ $v.auth.allowUnauthenticated }}
+{{- end }}
+{{- with $v.auth.jwt }}
+{{- if .issuer }}
+
+[auth.jwt]
+issuer = {{ include "subagentd.tomlString" .issuer }}
+audience = {{ include "subagentd.tomlString" .audience }}
+jwks_url = {{ include "subagentd.tomlString" .jwksUrl }}
+{{- if hasKey . "jwksRefresh" }}
+jwks_refresh = {{ include "subagentd.tomlString" .jwksRefresh }}
+{{- end }}
+{{- if hasKey . "permissionsClaim" }}
+permissions_claim = {{ include "subagentd.tomlString" .permissionsClaim }}
+{{- end }}
+{{- if hasKey . "leeway" }}
+leeway = {{ include "subagentd.tomlString" .leeway }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- range $v.auth.certs }}
 
@@ -262,6 +314,9 @@ max_live_descendants_per_root = {{ include "subagentd.tomlInt" .maxLiveDescendan
 {{- if hasKey . "maxPromptBytes" }}
 max_prompt_bytes = {{ include "subagentd.tomlInt" .maxPromptBytes }}
 {{- end }}
+{{- if hasKey . "maxWatchersPerTenant" }}
+max_watchers_per_tenant = {{ include "subagentd.tomlInt" .maxWatchersPerTenant }}
+{{- end }}
 
 [limits.provider_concurrency]
 {{- range $provider, $limit := .providerConcurrency }}
@@ -276,7 +331,7 @@ max_prompt_bytes = {{ include "subagentd.tomlInt" .maxPromptBytes }}
 
 [runs]
 {{- with $v.runs }}
-{{- range $key, $toml := dict "defaultTimeout" "default_timeout" "finishedRetention" "finished_retention" "cancelGrace" "cancel_grace" "staleTimeout" "stale_timeout" }}
+{{- range $key, $toml := dict "defaultTimeout" "default_timeout" "finishedRetention" "finished_retention" "cancelGrace" "cancel_grace" "staleTimeout" "stale_timeout" "workerReattachGrace" "worker_reattach_grace" }}
 {{- if hasKey $.Values.runs $key }}
 {{ $toml }} = {{ include "subagentd.tomlString" (index $.Values.runs $key) }}
 {{- end }}
@@ -325,6 +380,15 @@ password_file = "{{ include "subagentd.postgresSecretDir" $ }}/password"
 {{- if hasKey . "poolSize" }}
 pool_size = {{ include "subagentd.tomlInt" .poolSize }}
 {{- end }}
+{{- if include "subagentd.postgresTls" $ }}
+{{- if .tls.caSecret }}
+tls_ca_file = "{{ include "subagentd.postgresTlsDir" $ }}/ca.crt"
+{{- end }}
+{{- if .tls.clientCertSecret }}
+tls_cert_file = "{{ include "subagentd.postgresTlsDir" $ }}/tls.crt"
+tls_key_file = "{{ include "subagentd.postgresTlsDir" $ }}/tls.key"
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -336,7 +400,16 @@ metrics_token_file = "{{ include "subagentd.metricsTokenDir" . }}/token"
 {{- if and $v.metrics.enabled $v.metrics.tls $v.tls.secret }}
 metrics_tls = true
 {{- end }}
-{{- with $v.telemetry }}
+{{- include "subagentd.telemetryToml" $v.telemetry }}
+{{- include "subagentd.agentsToml" $v.agents }}
+{{- end }}
+
+{{/*
+The [telemetry] keys the server and the workers share, from telemetry.*:
+traces and the log format.
+*/}}
+{{- define "subagentd.telemetryToml" -}}
+{{- with . }}
 {{- if hasKey . "otlpEndpoint" }}
 otlp_endpoint = {{ include "subagentd.tomlString" .otlpEndpoint }}
 {{- end }}
@@ -356,7 +429,6 @@ traces_sampler_arg = {{ include "subagentd.tomlString" .tracesSamplerArg }}
 log_format = {{ include "subagentd.tomlString" .logFormat }}
 {{- end }}
 {{- end }}
-{{- include "subagentd.agentsToml" $v.agents }}
 {{- end }}
 
 {{/*
@@ -388,6 +460,8 @@ wrap_up_message = {{ include "subagentd.tomlString" $agent.wrapUpMessage }}
 {{- if hasKey $agent "retryOnWorkerLost" }}
 retry_on_worker_lost = {{ include "subagentd.tomlInt" $agent.retryOnWorkerLost }}
 {{- end }}
+{{- else if hasKey $agent "retryOnRestart" }}
+retry_on_restart = {{ include "subagentd.tomlInt" $agent.retryOnRestart }}
 {{- end }}
 {{- if eq (toString $agent.runner) "command" }}
 command = {{ toJson $agent.command }}
@@ -439,7 +513,7 @@ request_timeout = {{ include "subagentd.tomlString" $agent.requestTimeout }}
 
 {{/*
 The worker's config file (`subagentd worker --config`): [worker], its agent
-types, [telemetry] (the log format; a worker serves no metrics).
+types, [telemetry] (traces and the log format; a worker serves no metrics).
 */}}
 {{- define "subagentd.workerConfigToml" -}}
 {{- $w := .Values.worker -}}
@@ -453,9 +527,7 @@ labels = {{ include "subagentd.tomlStringTable" $w.labels }}
 
 [telemetry]
 metrics_listen = ""
-{{- if hasKey .Values.telemetry "logFormat" }}
-log_format = {{ include "subagentd.tomlString" .Values.telemetry.logFormat }}
-{{- end }}
+{{- include "subagentd.telemetryToml" .Values.telemetry }}
 {{- include "subagentd.agentsToml" $w.agents }}
 {{- end }}
 
@@ -489,9 +561,12 @@ a worker key for the workers), and an explicit opt-in for mode none.
 {{- if and .Values.worker.enabled .Values.tls.secret (not .Values.worker.tlsSecret) }}
 {{- fail "worker.tlsSecret: with tls.secret the workers need a kubernetes.io/tls Secret with ca.crt (to verify the server) and their client certificate" }}
 {{- end }}
+{{- if and .Values.ha.tlsCaFromSecret (not .Values.tls.secret) }}
+{{- fail "ha.tlsCaFromSecret: verifies the leader against tls.secret's ca.crt: set tls.secret" }}
+{{- end }}
 {{- if eq (toString $a.mode) "required" }}
-{{- if and (not $a.keysSecret) (not $a.certs) }}
-{{- fail "auth.keysSecret: auth.mode required (the default) needs an existing Secret of API keys (one entry per key id; `subagentd keys new --file-form`); or choose unauthenticated serving explicitly with auth.mode: none and auth.allowUnauthenticated: true" }}
+{{- if and (not $a.keysSecret) (not $a.certs) (not (and $a.jwt $a.jwt.issuer)) }}
+{{- fail "auth.keysSecret: auth.mode required (the default) needs an existing Secret of API keys (one entry per key id; `subagentd keys new --file-form`), auth.certs or auth.jwt; or choose unauthenticated serving explicitly with auth.mode: none and auth.allowUnauthenticated: true" }}
 {{- end }}
 {{- if and .Values.worker.enabled (not .Values.worker.tokenSecret) (not .Values.worker.tlsSecret) }}
 {{- fail "worker.tokenSecret: with auth.mode required the workers need an API key with the worker role, from an existing Secret (worker.tokenSecret, worker.tokenKey), or a client certificate mapped in auth.certs (worker.tlsSecret)" }}
