@@ -25,7 +25,7 @@ from subagents.v1 import subagents_pb2 as pb
 from subagents.v1 import subagents_pb2_grpc
 
 from test_auth_e2e import new_key
-from test_workers_e2e import TIMEOUT, Server, _wait_for
+from test_workers_e2e import TIMEOUT, Server
 
 POSTGRES = os.environ.get("SUBAGENTD_TEST_POSTGRES", "")
 REQUIRED = os.environ.get("SUBAGENTD_REQUIRE_POSTGRES") == "1"
@@ -82,9 +82,9 @@ class StandbyTest(unittest.TestCase):
             entries.append(entry)
         config = CONFIG.format(url=fresh_database()) + "".join(entries)
         cls.leader = postgres_server(config)
-        _wait_for(cls.leader.lines, "leading: serving", "the leader")
+        cls.leader.log_line("leading: serving")
         cls.standby = postgres_server(config)
-        _wait_for(cls.standby.lines, "forwarding to the leader", "the standby")
+        cls.standby.log_line("forwarding to the leader")
         cls.servers = [cls.leader, cls.standby]
 
     @classmethod
@@ -195,9 +195,9 @@ class StandbyTest(unittest.TestCase):
         config = CONFIG.format(url=fresh_database()) + entry
         leader = postgres_server(config)
         self.addCleanup(leader.stop)
-        _wait_for(leader.lines, "leading: serving", "the leader")
+        leader.log_line("leading: serving")
         standby = postgres_server(config)
-        _wait_for(standby.lines, "forwarding to the leader", "the standby")
+        standby.log_line("forwarding to the leader")
         channel = client.channel(standby.addr, token=token)
         self.addCleanup(channel.close)
         agents = subagents_pb2_grpc.AgentServiceStub(channel)

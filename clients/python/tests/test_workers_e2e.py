@@ -56,8 +56,9 @@ def _lines(stream, into: "queue.Queue[str]") -> None:
     into.put("")
 
 
-def _wait_for(lines: "queue.Queue[str]", marker: str, what: str) -> str:
-    seen = []
+def _wait_for(lines: "queue.Queue[str]", marker: str, what: str, seen: "list | None" = None) -> str:
+    """The first line with `marker`; the lines read are appended to `seen`."""
+    seen = [] if seen is None else seen
     while True:
         try:
             line = lines.get(timeout=TIMEOUT)
@@ -93,16 +94,24 @@ class Server:
                 **(env or {}),
             },
         )
-        #: The server's log lines, as they come.
+        #: The server's log lines, as they come, and those read so far.
         self.lines: "queue.Queue[str]" = queue.Queue()
+        self.seen: "list[str]" = []
         self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, self.lines), daemon=True)
         self.reader.start()
-        line = _wait_for(self.lines, "subagentd listening", "subagentd")
+        line = _wait_for(self.lines, "subagentd listening", "subagentd", self.seen)
         self.addr = line.split("addr=")[1].split()[0]
         #: The metrics endpoint (host:port).
         self.metrics = line.split("metrics=")[1].split()[0]
         self.channel = grpc.insecure_channel(self.addr)
         self.agents = subagents_pb2_grpc.AgentServiceStub(self.channel)
+
+    def log_line(self, marker: str) -> str:
+        """The first log line with `marker`, read already or still to come."""
+        for line in self.seen:
+            if marker in line:
+                return line
+        return _wait_for(self.lines, marker, "subagentd", self.seen)
 
     def stop(self) -> None:
         self.channel.close()
