@@ -554,6 +554,11 @@ pub(super) fn config_of(
     };
     let (rest, tls) = split_url(url, options).map_err(|e| invalid(&e))?;
     let mut config = tokio_postgres::Config::from_str(&rest).map_err(|e| invalid(&chain(&e)))?;
+    // Every sslmode was taken out above; one left over would be silently
+    // replaced by ours (a TLS requirement lost): refuse instead.
+    if config.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer {
+        return Err(invalid(&"an sslmode that could not be read"));
+    }
     config.ssl_mode(tls.client_mode());
     let connector = tls.connector().map_err(|e| {
         StoreError::Engine(format!(

@@ -11,7 +11,8 @@
 //! | `verify-full` | always | signed by a trusted CA and issued for the host connected to |
 //!
 //! The CA is `sslrootcert` in the URL, else `[store] tls_ca_file`, else the
-//! web PKI roots (as libpq's `sslrootcert=system`). A client certificate
+//! web PKI roots (also what `sslrootcert=system` names; as in libpq, it
+//! then means verify-full). A client certificate
 //! for PostgreSQL's `cert` authentication is `sslcert`/`sslkey`, else
 //! `[store] tls_cert_file`/`tls_key_file`. A parameter in the URL wins
 //! over the `[store]` key. tokio-postgres reads none of these parameters
@@ -174,21 +175,30 @@ pub fn split_url(url: &str, options: &ConnectOptions) -> Result<(String, TlsSett
             }
         }
     } else {
-        // libpq's key=value form; these four take plain values (a path
-        // with spaces belongs in the `[store]` keys).
-        let kept: Vec<&str> = url
-            .split_whitespace()
-            .filter(|token| match token.split_once('=') {
-                Some((key, value)) => !take(key, value.trim_matches('\'').to_owned()),
-                None => true,
-            })
-            .collect();
+        // libpq's key=value form: the pairs not taken, each as written.
+        let mut kept = Vec::new();
+        for (key, value, text) in conninfo_pairs(url)? {
+            if !take(key, value) {
+                kept.push(text);
+            }
+        }
         kept.join(" ")
     };
     let [mode, rootcert, cert, key] = found;
     let mode = match mode {
-        Some(mode) => mode.parse()?,
-        None => SslMode::default(),
+        Some(mode) => Some(mode.parse::<SslMode>()?),
+        None => None,
+    };
+    // libpq's `sslrootcert=system`: the system's (here the web PKI) roots,
+    // and then nothing weaker than verify-full.
+    let (rootcert, mode) = match (rootcert.as_deref(), mode) {
+        (Some("system"), None | Some(SslMode::VerifyFull)) => (None, SslMode::VerifyFull),
+        (Some("system"), Some(weaker)) => {
+            return Err(format!(
+                "sslrootcert=system needs sslmode=verify-full (libpq's rule), not {weaker}"
+            ))
+        }
+        (_, mode) => (rootcert, mode.unwrap_or_default()),
     };
     let named = |url: Option<String>, by_url, file: &Option<PathBuf>, by_key| match url {
         Some(path) => Some(Named {
@@ -234,7 +244,75 @@ pub fn split_url(url: &str, options: &ConnectOptions) -> Result<(String, TlsSett
     Ok((rest, TlsSettings { mode, ca, client }))
 }
 
+/// The `key=value` pairs of a libpq connection string, as libpq reads
+/// them (whitespace around `=`, single-quoted values, backslash escapes):
+/// each key, its value, and the pair's text as written.
+fn conninfo_pairs(s: &str) -> Result<Vec<(&str, String, &str)>, String> {
+    let bytes = s.as_bytes();
+    let mut pairs = Vec::new();
+    let mut i = 0;
+    let skip_space = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_space(i);
+        if i == bytes.len() {
+            return Ok(pairs);
+        }
+        let start = i;
+        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let key = &s[start..i];
+        i = skip_space(i);
+        if bytes.get(i) != Some(&b'=') {
+            return Err(format!(
+                "missing \"=\" after {key:?} in the connection string"
+            ));
+        }
+        i = skip_space(i + 1);
+        let quoted = bytes.get(i) == Some(&b'\'');
+        if quoted {
+            i += 1;
+        }
+        let mut value = Vec::new();
+        loop {
+            match bytes.get(i) {
+                None if quoted => return Err(format!("unterminated quoted value of {key:?}")),
+                None => break,
+                Some(b'\'') if quoted => {
+                    i += 1;
+                    break;
+                }
+                Some(c) if !quoted && c.is_ascii_whitespace() => break,
+                Some(b'\\') if i + 1 < bytes.len() => {
+                    value.push(bytes[i + 1]);
+                    i += 2;
+                }
+                Some(&c) => {
+                    value.push(c);
+                    i += 1;
+                }
+            }
+        }
+        // Only ASCII bytes were removed (quotes, backslashes): still UTF-8.
+        let value = String::from_utf8(value).map_err(|e| e.to_string())?;
+        pairs.push((key, value, &s[start..i]));
+    }
+}
+
 impl TlsSettings {
+    /// The CA file when the mode never uses it (`disable`, `prefer`): a
+    /// configuration that looks verified and is not, worth a warning.
+    pub fn unused_ca(&self) -> Option<&Named> {
+        self.ca
+            .as_ref()
+            .filter(|_| matches!(self.mode, SslMode::Disable | SslMode::Prefer))
+    }
+
     /// tokio-postgres' own mode: whether to ask for TLS and whether to
     /// go on without it.
     pub fn client_mode(&self) -> tokio_postgres::config::SslMode {
@@ -460,6 +538,19 @@ mod tests {
         assert_eq!(tls.mode, SslMode::VerifyCa);
         assert!(tls.ca.unwrap().path == Path::new("/ca.pem"));
 
+        // As libpq reads them: spaces around `=`, quotes and escapes; the
+        // other pairs are handed on as written.
+        let (rest, tls) = split(
+            "host = db  sslmode = require password='a  b\\'c' sslrootcert = /a\\ b.pem dbname=x",
+        );
+        assert_eq!(rest, "host = db password='a  b\\'c' dbname=x");
+        assert_eq!(tls.mode, SslMode::Require);
+        assert!(tls.ca.unwrap().path == Path::new("/a b.pem"));
+        let err = split_url("host=db sslmode", &ConnectOptions::default()).unwrap_err();
+        assert!(err.contains("missing \"=\""), "{err}");
+        let err = split_url("host='db", &ConnectOptions::default()).unwrap_err();
+        assert!(err.contains("unterminated"), "{err}");
+
         let (rest, _) = split("postgres://sa@db/sa?sslmode=require");
         assert_eq!(rest, "postgres://sa@db/sa");
     }
@@ -488,6 +579,18 @@ mod tests {
         assert!(err("postgres://db/x?sslmode=allow").contains("not supported"));
         assert!(err("postgres://db/x?sslcert=/c.pem").contains("needs its key"));
         assert!(err("host=db sslkey=/k.pem").contains("needs its certificate"));
+        assert!(err("postgres://db/x?sslrootcert=system&sslmode=require").contains("verify-full"));
+    }
+
+    #[test]
+    fn sslrootcert_system_means_the_web_pki_roots_and_verify_full() {
+        for url in [
+            "postgres://db/x?sslrootcert=system",
+            "postgres://db/x?sslrootcert=system&sslmode=verify-full",
+        ] {
+            let (_, tls) = split(url);
+            assert_eq!((tls.mode, tls.ca), (SslMode::VerifyFull, None));
+        }
     }
 
     #[test]
@@ -509,6 +612,22 @@ mod tests {
             // Without a CA file the web PKI roots are the anchors.
             tls.connector().unwrap();
         }
+        let with_ca = |mode| {
+            let options = ConnectOptions {
+                ca_file: Some("/ca.pem".into()),
+                ..ConnectOptions::default()
+            };
+            split_url(&format!("postgres://db/x?sslmode={mode}"), &options)
+                .unwrap()
+                .1
+        };
+        assert!(with_ca("prefer").unused_ca().is_some());
+        assert!(with_ca("disable").unused_ca().is_some());
+        assert!(
+            with_ca("require").unused_ca().is_none(),
+            "require checks the chain"
+        );
+        assert!(with_ca("verify-full").unused_ca().is_none());
     }
 
     #[test]
