@@ -461,14 +461,20 @@ impl StoreConfig {
                 "store.pool_size",
                 format!("must be ≥ 1 (got {})", self.pool_size),
             )),
-            _ if self.tls_cert_file.is_some() != self.tls_key_file.is_some() => Err(invalid(
-                if self.tls_cert_file.is_some() {
-                    "store.tls_key_file"
-                } else {
-                    "store.tls_cert_file"
-                },
-                "must be set together with the other: a client certificate needs its key",
-            )),
+            // Half a client certificate, unless the URL has the other half
+            // (`sslcert`/`sslkey`, which win over these keys).
+            _ if self.tls_cert_file.is_some() != self.tls_key_file.is_some()
+                && !(self.url.contains("sslcert") || self.url.contains("sslkey")) =>
+            {
+                Err(invalid(
+                    if self.tls_cert_file.is_some() {
+                        "store.tls_key_file"
+                    } else {
+                        "store.tls_cert_file"
+                    },
+                    "must be set together with the other: a client certificate needs its key",
+                ))
+            }
             _ => Ok(()),
         }
     }

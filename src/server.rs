@@ -327,10 +327,19 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         route.send_replace(Route::NoLeader {
             why: "electing a leader".into(),
         });
-        let lease = PgLease::new(
-            &config.store.url,
-            store::postgres::ConnectOptions::of(&config.store),
-        );
+        let options = store::postgres::ConnectOptions::of(&config.store);
+        // A bad URL is reported by every connection attempt; a CA that the
+        // mode never uses only here.
+        if let Ok((_, tls)) = store::postgres_tls::split_url(&config.store.url, &options) {
+            if let Some(ca) = tls.unused_ca() {
+                warn!(
+                    ca = %ca.path.display(), by = ca.by, sslmode = %tls.mode,
+                    "store: this CA is not used: the sslmode does not check the server's \
+                     certificate (set sslmode=verify-full or verify-ca in store.url)"
+                );
+            }
+        }
+        let lease = PgLease::new(&config.store.url, options);
         let timing = Timing {
             ttl: config.ha.lease_ttl,
         };
