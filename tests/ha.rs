@@ -150,6 +150,91 @@ async fn one_server_leads_and_a_standby_forwards_every_call_unchanged() {
     assert_eq!(leader.stop().await.code(), Some(0));
 }
 
+/// Errors after messages and errors with quota details come through a
+/// standby as the leader sends them: a watch the leader cuts off for
+/// lagging (messages, then RESOURCE_EXHAUSTED with its resume hint), read
+/// through the standby and directly, and the global cap's refusal.
+#[tokio::test]
+async fn a_leaders_error_after_messages_and_its_quota_details_read_the_same_through_a_standby() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let toml = config(&db, "2s")
+        .replace("max_background_agents = 100", "max_background_agents = 2")
+        .replace("[server]", "[watch]\nsubscriber_buffer = 8\n\n[server]");
+    let (leader, standby) = leader_then_standby(&toml).await;
+    // Slow watchers: small windows, not read during the flood.
+    let small_window = |addr: String| async move {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .initial_stream_window_size(Some(65_535))
+            .connect()
+            .await
+            .unwrap();
+        AgentServiceClient::new(channel)
+    };
+    let mut watchers = Vec::new();
+    for server in [&standby, &leader] {
+        let mut client = small_window(server.addr.clone()).await;
+        watchers.push(common::watch(&mut client, pb::WatchAgentsRequest::default()).await);
+    }
+    // Foreground agents (not under the global cap) whose DONE events carry
+    // 100 KiB each: far more than the windows of both hops hold.
+    let mut direct = leader.client().await;
+    let big = format!("output {}", "x".repeat(100 << 10));
+    for _ in 0..100 {
+        common::spawn(&mut direct, common::fg("acme/m", &big)).await;
+    }
+    let mut cuts = Vec::new();
+    for mut watcher in watchers {
+        let mut received = 0;
+        let cut = loop {
+            match watcher.message().await {
+                Ok(Some(_)) => received += 1,
+                Ok(None) => panic!("the lagging watch ended OK after {received} events"),
+                Err(cut) => break cut,
+            }
+        };
+        assert!(
+            received > 0 && received < 200,
+            "{received} events, then {cut:?}"
+        );
+        cuts.push(cut);
+    }
+    let (relayed, from_leader) = (&cuts[0], &cuts[1]);
+    assert_eq!(relayed.code(), Code::ResourceExhausted, "{relayed:?}");
+    assert!(relayed.message().contains("after_sequence"), "{relayed:?}");
+    assert_eq!(
+        common::error_info(relayed).0,
+        common::error_info(from_leader).0
+    );
+
+    // The global cap: two live background agents, the third refused with
+    // ErrorInfo and QuotaFailure, the same through the standby.
+    for prompt in ["sleep 600000", "sleep 600000"] {
+        common::spawn(&mut direct, common::bg("acme/m", prompt)).await;
+    }
+    let mut via_standby = standby.client().await;
+    let third = || common::bg("acme/m", "output refused");
+    let relayed = via_standby.spawn(third()).await.unwrap_err();
+    let from_leader = direct.spawn(third()).await.unwrap_err();
+    assert_eq!(relayed.code(), Code::ResourceExhausted);
+    assert_eq!(common::error_info(&relayed).0, "GLOBAL_LIMIT_REACHED");
+    same_error(&relayed, &from_leader);
+    use tonic_types::StatusExt;
+    let quota = |s: &tonic::Status| {
+        s.get_details_quota_failure()
+            .expect("QuotaFailure")
+            .violations
+            .into_iter()
+            .map(|v| (v.subject, v.description))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(quota(&relayed), quota(&from_leader));
+    assert_eq!(standby.stop().await.code(), Some(0));
+    assert_eq!(leader.stop().await.code(), Some(0));
+}
+
 #[tokio::test]
 async fn a_server_that_cannot_reach_the_database_stays_up_and_answers_no_leader() {
     // Nothing listens on port 1: the database is down.

@@ -146,6 +146,10 @@ class StandbyTest(unittest.TestCase):
             grpc.StatusCode.INVALID_ARGUMENT, bad,
         )
         self.same_error("afront", "Status", pb.StatusRequest(ids=["not-an-id"]), grpc.StatusCode.INVALID_ARGUMENT, bad)
+        # A streaming method's error before any message: trailers-only too.
+        self.same_error(
+            "afront", "WatchAgents", pb.WatchAgentsRequest(ids=["not-an-id"]), grpc.StatusCode.INVALID_ARGUMENT, bad
+        )
         # Credentials and roles (answered by the standby before it forwards).
         for key, cause in [("", "missing"), ("not a key", "malformed")]:
             details = self.same_error(key, "Status", pb.StatusRequest(), grpc.StatusCode.UNAUTHENTICATED, info)
