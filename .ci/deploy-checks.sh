@@ -679,8 +679,11 @@ if not values:  # deploy/config/container.toml: the embedded store in the image'
     sys.exit(0)
 auth = values["auth"]
 need(au["mode"] == auth["mode"], "auth.mode")
-if auth["mode"] == "required" and auth["keysSecret"]:
-    need(au["keys_dir"] == "/var/run/secrets/subagentd/keys", "auth.keys_dir is the Secret's mount")
+if auth["mode"] == "required":
+    if auth["keysSecret"]:
+        need(au["keys_dir"] == "/var/run/secrets/subagentd/keys", "auth.keys_dir is the Secret's mount")
+    else:  # certificates or JWT only: no key folder to point at
+        need(not au.get("keys_dir"), "auth.keys_dir without auth.keysSecret")
 else:
     need(au["allow_unauthenticated"] is True, "auth.allow_unauthenticated")
 store, pg = values["store"], values["store"]["postgres"]
