@@ -566,12 +566,21 @@ async fn a_frozen_leader_that_wakes_after_it_was_replaced_steps_down_and_becomes
                 == "lost the leader lease: stopped every in-process run; becoming a standby"
         })
         .await;
-    first
-        .log_line(|v| v["message"] == "subagentd listening as a standby; electing a leader")
+    // Both, in either order: a standby that starts again after a refused
+    // commit may learn the leader before its listening line.
+    let (listening, forwarding) = (
+        "subagentd listening as a standby; electing a leader",
+        "forwarding to the leader",
+    );
+    let seen = first
+        .log_line(|v| v["message"] == listening || v["message"] == forwarding)
         .await;
-    first
-        .log_line(|v| v["message"] == "forwarding to the leader")
-        .await;
+    let other = if seen["message"] == listening {
+        forwarding
+    } else {
+        listening
+    };
+    first.log_line(|v| v["message"] == other).await;
     // It wrote nothing: the agent is the new leader's second attempt, still
     // running (seen through the old leader, which now forwards), and the
     // program never ran twice at once.
@@ -788,7 +797,12 @@ async fn of_three_servers_exactly_one_leads_before_and_after_a_kill() {
         expected[elected] = true;
         assert_eq!(now, expected);
     }
-    // The one left a standby forwards to the new leader.
+    // The one left a standby forwards to the new leader (once it has
+    // learnt of it: its election polls every third of the lease).
+    let new_leader = others[elected].addr.clone();
+    others[1 - elected]
+        .log_line(|v| v["message"] == "forwarding to the leader" && v["leader"] == new_leader)
+        .await;
     let mut via_standby = others[1 - elected].client().await;
     common::spawn(&mut via_standby, keyed("output after", "after")).await;
     for server in others {

@@ -83,7 +83,7 @@ impl Process {
     }
 
     async fn log_line(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-        tokio::time::timeout(CHILD_WAIT, async {
+        let found = tokio::time::timeout(CHILD_WAIT, async {
             loop {
                 let line = self.lines.recv().await.expect("the process runs");
                 self.seen.push(line.clone());
@@ -95,8 +95,15 @@ impl Process {
                 }
             }
         })
-        .await
-        .expect("log line appears")
+        .await;
+        found.unwrap_or_else(|_| {
+            // What the process said instead, to see why.
+            let recent = &self.seen[self.seen.len().saturating_sub(30)..];
+            panic!(
+                "the log line did not appear within {CHILD_WAIT:?}; the last lines:\n{}",
+                recent.join("\n")
+            )
+        })
     }
 }
 
