@@ -81,11 +81,18 @@ class StandbyTest(unittest.TestCase):
             cls.keys[key_id], entry = new_key(key_id, tenant, role)
             entries.append(entry)
         config = CONFIG.format(url=fresh_database()) + "".join(entries)
-        cls.leader = postgres_server(config)
-        cls.leader.log_line("leading: serving")
-        cls.standby = postgres_server(config)
-        cls.standby.log_line("forwarding to the leader")
-        cls.servers = [cls.leader, cls.standby]
+        cls.servers = []
+        try:
+            cls.leader = postgres_server(config)
+            cls.servers.append(cls.leader)
+            cls.leader.log_line("leading: serving")
+            cls.standby = postgres_server(config)
+            cls.servers.append(cls.standby)
+            cls.standby.log_line("forwarding to the leader")
+        except BaseException:
+            # tearDownClass does not run after a failed setUpClass.
+            cls.tearDownClass()
+            raise
 
     @classmethod
     def tearDownClass(cls):
@@ -201,7 +208,11 @@ class StandbyTest(unittest.TestCase):
         self.addCleanup(leader.stop)
         leader.log_line("leading: serving")
         standby = postgres_server(config)
-        standby.log_line("forwarding to the leader")
+        try:
+            standby.log_line("forwarding to the leader")
+        except BaseException:
+            standby.stop()  # stopped by the test itself otherwise
+            raise
         channel = client.channel(standby.addr, token=token)
         self.addCleanup(channel.close)
         agents = subagents_pb2_grpc.AgentServiceStub(channel)
