@@ -19,99 +19,17 @@ use jsonwebtoken::{
     Algorithm, DecodingKey, Validation,
 };
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::{AuthError, Cause, Principal, Role, Roles};
-use crate::config::{invalid, ConfigError};
+pub use crate::config::auth::{
+    JwtConfig, DEFAULT_JWKS_REFRESH, DEFAULT_LEEWAY, DEFAULT_PERMISSIONS_CLAIM,
+};
 
-/// Default `[auth.jwt] jwks_refresh`.
-pub const DEFAULT_JWKS_REFRESH: Duration = Duration::from_secs(5 * 60);
-/// Default `[auth.jwt] permissions_claim` (Temporal's shape).
-pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
-/// Default `[auth.jwt] leeway` (jsonwebtoken's too).
-pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
-/// The largest `[auth.jwt] leeway`: clocks minutes apart are a fault to fix,
-/// not to tolerate.
-const MAX_LEEWAY: Duration = Duration::from_secs(5 * 60);
 /// The header that picks one of a token's tenants.
 pub const TENANT_HEADER: &str = "subagentd-tenant";
 /// An unknown key id fetches the JWKS early at most this often.
 pub const EARLY_REFETCH_EVERY: Duration = Duration::from_secs(60);
-
-/// `[auth.jwt]` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct JwtConfig {
-    /// The `iss` every token carries.
-    pub issuer: String,
-    /// An `aud` every token carries.
-    pub audience: String,
-    /// A JWKS file (re-read every `jwks_refresh`).
-    pub jwks_file: String,
-    /// A JWKS URL (fetched every `jwks_refresh`).
-    pub jwks_url: String,
-    /// How often the JWKS is read again. Default 5 m.
-    #[serde(with = "humantime_serde")]
-    pub jwks_refresh: Duration,
-    /// The claim holding `"<tenant>:<role>"` grants. Default `permissions`.
-    pub permissions_claim: String,
-    /// How far the issuer's clock may be from ours: a token is accepted
-    /// until `exp` + leeway (and from `nbf` - leeway). Default 60 s.
-    #[serde(with = "humantime_serde")]
-    pub leeway: Duration,
-}
-
-impl Default for JwtConfig {
-    fn default() -> Self {
-        Self {
-            issuer: String::new(),
-            audience: String::new(),
-            jwks_file: String::new(),
-            jwks_url: String::new(),
-            jwks_refresh: DEFAULT_JWKS_REFRESH,
-            permissions_claim: DEFAULT_PERMISSIONS_CLAIM.to_owned(),
-            leeway: DEFAULT_LEEWAY,
-        }
-    }
-}
-
-impl JwtConfig {
-    /// Checks every rule; errors name the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.issuer.is_empty() {
-            return Err(invalid(
-                "auth.jwt.issuer",
-                "must name the tokens' issuer (iss)",
-            ));
-        }
-        if self.audience.is_empty() {
-            return Err(invalid(
-                "auth.jwt.audience",
-                "must name this service's audience (aud)",
-            ));
-        }
-        if self.jwks_file.is_empty() == self.jwks_url.is_empty() {
-            return Err(invalid(
-                "auth.jwt.jwks_file",
-                "set exactly one of jwks_file and jwks_url",
-            ));
-        }
-        let url = &self.jwks_url;
-        if !url.is_empty() && !url.starts_with("https://") && !url.starts_with("http://") {
-            return Err(invalid("auth.jwt.jwks_url", "must be an http(s) URL"));
-        }
-        if self.jwks_refresh < Duration::from_secs(1) {
-            return Err(invalid("auth.jwt.jwks_refresh", "must be ≥ 1s"));
-        }
-        if self.permissions_claim.is_empty() {
-            return Err(invalid("auth.jwt.permissions_claim", "must name a claim"));
-        }
-        if self.leeway > MAX_LEEWAY {
-            return Err(invalid("auth.jwt.leeway", "must be ≤ 5m"));
-        }
-        Ok(())
-    }
-}
 
 /// One verification key of the JWKS.
 struct Key {

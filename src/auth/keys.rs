@@ -6,15 +6,14 @@ use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
+pub use crate::config::auth::{is_key_id, MAX_KEY_ID_BYTES};
+
 /// Prefix of every key (a JWT never starts with it).
 pub const PREFIX: &str = "sa_";
 /// Random bytes in a key's secret.
 pub const SECRET_BYTES: usize = 32;
 /// Length of the secret's base64url text (no padding).
 const SECRET_CHARS: usize = 43;
-/// Longest accepted key id, in bytes.
-pub const MAX_KEY_ID_BYTES: usize = 64;
-
 /// A SHA-256 digest.
 pub type KeyDigest = [u8; 32];
 
@@ -25,11 +24,6 @@ pub struct ParsedKey<'a> {
     pub key_id: &'a str,
     /// The whole key, for its digest.
     pub whole: &'a str,
-}
-
-/// Whether `id` is a valid key id: 1 to 64 ASCII letters and digits.
-pub fn is_key_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_KEY_ID_BYTES && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 /// Splits a key; None when it does not have the shape of one (the caller

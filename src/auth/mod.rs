@@ -10,71 +10,15 @@ pub mod run_tokens;
 
 pub use self::keyring::{Keyring, Revocation, SharedAuthenticator};
 
-use std::{collections::BTreeMap, fmt, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
-use serde::{Deserialize, Serialize};
+pub use crate::config::auth::{
+    is_tenant_name, AuthConfig, AuthMode, CertConfig, KeyConfig, Role, MAX_TENANT_BYTES,
+};
 
-use crate::config::{invalid, ConfigError};
-
-/// `[auth] mode`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuthMode {
-    /// No credential is asked for; every caller is the anonymous
-    /// principal of tenant [`DEFAULT_TENANT`] with every role.
-    #[default]
-    None,
-    /// Every call but health and reflection needs a credential one of the
-    /// configured methods accepts.
-    Required,
-}
-
-/// A role, as `[auth.keys.ID] roles` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Status, Await, WatchAgents.
-    Viewer,
-    /// Viewer, and Spawn, Cancel, Steer.
-    Frontend,
-    /// Viewer, and Approve.
-    Approver,
-    /// WorkerService.Connect for its agent types.
-    Worker,
-    /// Reads, watches, cancels and approves across tenants.
-    Admin,
-}
-
-impl Role {
-    /// Every role.
-    pub const ALL: [Role; 5] = [
-        Role::Viewer,
-        Role::Frontend,
-        Role::Approver,
-        Role::Worker,
-        Role::Admin,
-    ];
-
-    /// The name config and errors use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Frontend => "frontend",
-            Role::Approver => "approver",
-            Role::Worker => "worker",
-            Role::Admin => "admin",
-        }
-    }
-
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+/// The role's bit in a [`Roles`] set.
+fn bit(role: Role) -> u8 {
+    1 << (role as u8)
 }
 
 /// A set of roles.
@@ -89,7 +33,7 @@ impl Roles {
 
     /// Whether `role` is in the set.
     pub fn has(self, role: Role) -> bool {
-        self.0 & role.bit() != 0
+        self.0 & bit(role) != 0
     }
 
     /// Whether any of `roles` is in the set.
@@ -100,7 +44,7 @@ impl Roles {
 
 impl FromIterator<Role> for Roles {
     fn from_iter<I: IntoIterator<Item = Role>>(iter: I) -> Self {
-        Self(iter.into_iter().fold(0, |bits, r| bits | r.bit()))
+        Self(iter.into_iter().fold(0, |bits, r| bits | bit(r)))
     }
 }
 
@@ -232,169 +176,6 @@ fn unauthenticated_message(cause: Cause) -> &'static str {
 /// Comma-separated role names, as `required_roles` lists them.
 pub fn join(roles: &[Role]) -> String {
     roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(",")
-}
-
-/// `[auth.keys.KEY_ID]`: one API key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeyConfig {
-    /// Lower-case hex SHA-256 of the whole key (`sa_<key_id>_<secret>`).
-    pub sha256: String,
-    /// The tenant the key acts in.
-    pub tenant: String,
-    /// What it may do.
-    pub roles: Vec<Role>,
-    /// For workers: the agent types it may serve (absent = every type).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_types: Option<Vec<String>>,
-}
-
-/// `[[auth.certs]]`: the principal of client certificates with one SAN.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CertConfig {
-    /// A subject alternative name, matched exactly: a URI (a SPIFFE id,
-    /// `spiffe://cluster.local/ns/agents/sa/worker`) or a DNS name.
-    pub san: String,
-    /// The tenant its holder acts in.
-    pub tenant: String,
-    /// What it may do.
-    pub roles: Vec<Role>,
-    /// For workers: the agent types it may serve (absent = every type).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_types: Option<Vec<String>>,
-}
-
-/// `[auth]` section.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// `"none"` (default) or `"required"`.
-    pub mode: AuthMode,
-    /// With mode `"none"`, allow listening on a non-loopback address.
-    pub allow_unauthenticated: bool,
-    /// API keys by key id.
-    pub keys: BTreeMap<String, KeyConfig>,
-    /// A directory with one file per key, named by its key id, holding the
-    /// fields of `[auth.keys.KEY_ID]` as TOML (a mounted Kubernetes
-    /// Secret). Re-read every few seconds and on SIGHUP. Empty: none.
-    pub keys_dir: String,
-    /// Client-certificate principals, by SAN (needs `[server.tls]
-    /// client_auth`).
-    pub certs: Vec<CertConfig>,
-    /// `[auth.jwt]`: OIDC access tokens (absent: none accepted).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub jwt: Option<jwt::JwtConfig>,
-}
-
-/// Longest accepted tenant name, in bytes.
-pub const MAX_TENANT_BYTES: usize = 64;
-
-/// Whether `name` is a valid tenant name: 1 to 64 ASCII letters, digits,
-/// `-`, `_` or `.`.
-pub fn is_tenant_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_TENANT_BYTES
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-impl KeyConfig {
-    /// Checks the entry of key `id`; errors name `at` (its config key or
-    /// file).
-    pub fn check(&self, at: &str, id: &str) -> Result<(), ConfigError> {
-        let field = |f: &str| format!("{at}.{f}");
-        if !keys::is_key_id(id) {
-            return Err(invalid(
-                at,
-                format!(
-                    "key ids are 1 to {} ASCII letters and digits",
-                    keys::MAX_KEY_ID_BYTES
-                ),
-            ));
-        }
-        if keys::parse_digest_hex(&self.sha256).is_none() {
-            return Err(invalid(
-                field("sha256"),
-                "must be the 64 hex digits of the key's SHA-256 digest \
-                 (`subagentd keys new` prints it)",
-            ));
-        }
-        check_grant(at, &self.tenant, &self.roles, self.agent_types.as_deref())
-    }
-}
-
-/// The rules a key's and a certificate's tenant, roles and agent types
-/// share; errors name `at`.
-fn check_grant(
-    at: &str,
-    tenant: &str,
-    roles: &[Role],
-    agent_types: Option<&[String]>,
-) -> Result<(), ConfigError> {
-    let field = |f: &str| format!("{at}.{f}");
-    if !is_tenant_name(tenant) {
-        return Err(invalid(
-            field("tenant"),
-            format!(
-                "must be 1 to {MAX_TENANT_BYTES} ASCII letters, digits, '-', '_' or '.' \
-                 (got {tenant:?})"
-            ),
-        ));
-    }
-    if roles.is_empty() {
-        return Err(invalid(field("roles"), "must name at least one role"));
-    }
-    if agent_types.is_some_and(|t| t.is_empty()) {
-        return Err(invalid(
-            field("agent_types"),
-            "must name at least one agent type (leave it out for every type)",
-        ));
-    }
-    Ok(())
-}
-
-impl AuthConfig {
-    /// Checks every rule; the error names the first broken key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        for (id, key) in &self.keys {
-            key.check(&format!("auth.keys.{id}"), id)?;
-        }
-        let mut sans = std::collections::BTreeSet::new();
-        for (i, cert) in self.certs.iter().enumerate() {
-            let at = format!("auth.certs[{i}]");
-            if cert.san.trim().is_empty() || cert.san.trim() != cert.san {
-                return Err(invalid(
-                    format!("{at}.san"),
-                    "must be a URI or DNS name, without surrounding spaces",
-                ));
-            }
-            if !sans.insert(cert.san.as_str()) {
-                return Err(invalid(
-                    format!("{at}.san"),
-                    format!("{:?} is mapped twice; one SAN is one principal", cert.san),
-                ));
-            }
-            check_grant(&at, &cert.tenant, &cert.roles, cert.agent_types.as_deref())?;
-        }
-        if let Some(jwt) = &self.jwt {
-            jwt.validate()?;
-        }
-        if self.mode == AuthMode::Required
-            && self.keys.is_empty()
-            && self.keys_dir.is_empty()
-            && self.certs.is_empty()
-            && self.jwt.is_none()
-        {
-            return Err(invalid(
-                "auth.mode",
-                "\"required\" needs a credential method: [auth.keys.KEY_ID] entries, \
-                 [auth] keys_dir, [[auth.certs]] or [auth.jwt]",
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// One API key as the server checks it.

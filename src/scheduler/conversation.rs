@@ -27,12 +27,9 @@ use super::types::{AgentError, AgentId, AgentStatus, Labels};
 /// A conversation's id: the id of its first agent (a fork's own id).
 pub type ConversationId = AgentId;
 
-/// Default `[conversations] retention`.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-/// Default `[conversations] max_transcript_bytes` (1 MiB).
-pub const DEFAULT_MAX_TRANSCRIPT_BYTES: usize = 1 << 20;
-/// The smallest `[conversations] max_transcript_bytes` accepted.
-pub const MIN_MAX_TRANSCRIPT_BYTES: usize = 4096;
+pub use crate::config::conversations::{
+    DEFAULT_MAX_TRANSCRIPT_BYTES, DEFAULT_RETENTION, MIN_MAX_TRANSCRIPT_BYTES,
+};
 
 /// What an entry records.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,24 +49,7 @@ impl AgentStatus {
     }
 }
 
-/// A model named as "provider/model".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelRef<'a> {
-    /// The part before the first `/`.
-    pub provider: &'a str,
-    /// The part after the first `/`.
-    pub name: &'a str,
-}
-
-impl<'a> ModelRef<'a> {
-    /// Parses "provider/model"; both parts must be non-empty and free of
-    /// whitespace.
-    pub fn parse(s: &'a str) -> Option<Self> {
-        let (provider, name) = s.split_once('/')?;
-        let ok = |p: &str| !p.is_empty() && !p.chars().any(char::is_whitespace);
-        (ok(provider) && ok(name)).then_some(Self { provider, name })
-    }
-}
+pub use crate::config::ModelRef;
 
 /// Who counts as an agent's parent for the per-parent limit.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
