@@ -282,7 +282,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         None
     };
     let keyring = Arc::new(Keyring::new(&config.auth));
-    let scheduler = Scheduler::with_runners(
+    let scheduler = Scheduler::new(
         &config,
         crate::runner::builtin(Some(crate::runner::command::CommandRunner::local_api_url(
             addr,

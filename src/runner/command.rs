@@ -957,7 +957,7 @@ mod tests {
         );
         let config = ConfigSource::from_toml_str(&toml).unwrap();
         let runner: Arc<dyn Runner> = Arc::new(CommandRunner::new(None));
-        let s = Scheduler::with_runners(&config, HashMap::from([(RunnerKind::Command, runner)]));
+        let s = Scheduler::new(&config, HashMap::from([(RunnerKind::Command, runner)]));
         let seen = Arc::new(Mutex::new((0, 0)));
         let store = Watching {
             inner: MemoryStore::new(),

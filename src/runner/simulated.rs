@@ -277,7 +277,10 @@ mod tests {
     /// used under a paused clock: every `sleep` and Await timeout then
     /// passes as soon as everything else is idle.
     fn scheduler() -> Scheduler {
-        Scheduler::new(&crate::config::ConfigSource::from_toml_str("").unwrap())
+        Scheduler::new(
+            &crate::config::ConfigSource::from_toml_str("").unwrap(),
+            crate::runner::builtin(None),
+        )
     }
 
     fn spawn(s: &Scheduler, prompt: &str) -> AgentId {

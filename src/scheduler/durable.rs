@@ -8,6 +8,7 @@ use crate::config::RunnerKind;
 
 use uuid::Uuid;
 
+pub use super::events::LogPosition;
 use super::{
     conversation::{Conversation, ConversationId},
     events::Event,
@@ -59,17 +60,6 @@ pub struct ProcessGroup {
     /// since boot): tells the program from a later process given the same
     /// pid.
     pub start_ticks: u64,
-}
-
-/// The watch log's counters, durable beside the events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LogPosition {
-    /// Newest sequence number issued (0 before the first).
-    pub last_sequence: u64,
-    /// Highest sequence no longer retained: replay only after it.
-    pub evicted_through: u64,
-    /// The admission sequence the next Spawn gets.
-    pub next_admission: u64,
 }
 
 /// What changed since the previous change set, in the order it happened.

@@ -34,10 +34,18 @@ use tokio::sync::{
     Notify,
 };
 
-use super::{
-    durable::LogPosition,
-    types::{AgentFilter, AgentId, AgentView},
-};
+use super::types::{AgentFilter, AgentId, AgentView};
+
+/// The watch log's counters, durable beside the events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogPosition {
+    /// Newest sequence number issued (0 before the first).
+    pub last_sequence: u64,
+    /// Highest sequence no longer retained: replay only after it.
+    pub evicted_through: u64,
+    /// The admission sequence the next Spawn gets.
+    pub next_admission: u64,
+}
 
 /// What happened to an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -205,7 +205,7 @@ pub struct AgentView {
     pub worker_id: Option<Uuid>,
     /// The trace the agent's run belongs to: inherited from its parent or
     /// the Spawn caller, else a new one; always set.
-    pub trace_id: super::trace::TraceId,
+    pub trace_id: super::trace_id::TraceId,
     /// Which attempt this is: 1 from the first start, + 1 each time the
     /// agent is queued again for another (a lost worker, a restart, a
     /// fallback model), before that one starts; 0 before the first start.
@@ -324,7 +324,7 @@ pub struct SpawnSpec {
     /// Survives its parent.
     pub detached: bool,
     /// The trace context the Spawn call carried and its RPC span.
-    pub trace: super::trace::SpawnTrace,
+    pub trace: super::trace_id::SpawnTrace,
     /// Continue this finished agent's conversation (`agent` and `model`
     /// may then be empty: inherited).
     pub continue_from: Option<AgentId>,

@@ -19,93 +19,8 @@ use std::{
 use tokio::sync::watch;
 
 use super::{Batch, Store, StoreError};
-use crate::scheduler::durable::ChangeSet;
-
-/// Where the writer takes pending changes from: the scheduler core, under
-/// its lock.
-pub trait ChangeSource: Send + Sync + 'static {
-    /// Everything changed since the previous call, and the ticket of the
-    /// newest change in it.
-    fn take_changes(&self) -> (ChangeSet, u64);
-}
-
-/// The durable watermark, as waiters see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Watermark {
-    /// Every change with a ticket up to this one is durable.
-    durable: u64,
-    /// Every event up to this sequence number is durable.
-    sequence: u64,
-    /// A commit failed: nothing after `durable` ever will be.
-    failed: bool,
-}
-
-/// A change could not be made durable: the store failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the store failed: the change may not have been written")]
-pub struct StoreFailed;
-
-/// What a waiter holds to learn when its change is durable.
-#[derive(Debug, Clone)]
-pub struct Durability {
-    rx: watch::Receiver<Watermark>,
-    writer: Arc<WriterThread>,
-}
-
-impl Durability {
-    /// Returns once the change numbered `ticket` is durable, or fails once
-    /// the store has failed before writing it.
-    pub async fn wait(&self, ticket: u64) -> Result<(), StoreFailed> {
-        self.wait_until(|w| w.durable >= ticket).await
-    }
-
-    /// Returns once every event up to `sequence` is durable, or fails once
-    /// the store has failed before writing it.
-    pub async fn wait_sequence(&self, sequence: u64) -> Result<(), StoreFailed> {
-        self.wait_until(|w| w.sequence >= sequence).await
-    }
-
-    async fn wait_until(&self, reached: impl Fn(&Watermark) -> bool) -> Result<(), StoreFailed> {
-        let now = *self.rx.borrow();
-        if reached(&now) {
-            return Ok(());
-        }
-        if now.failed {
-            return Err(StoreFailed);
-        }
-        self.writer.poke();
-        let mut rx = self.rx.clone();
-        // The writer gone without failing also ends the wait (`Err`): it
-        // only stops with the process, so that is never durable.
-        let ok = rx
-            .wait_for(|w| reached(w) || w.failed)
-            .await
-            .is_ok_and(|w| reached(&w));
-        if ok {
-            Ok(())
-        } else {
-            Err(StoreFailed)
-        }
-    }
-
-    /// Asks the writer to commit what is pending (for changes nobody waits
-    /// on, e.g. a run's report).
-    pub fn poke(&self) {
-        self.writer.poke();
-    }
-
-    /// [`Durability::poke`] when `ticket` is not durable yet.
-    pub fn poke_if_behind(&self, ticket: u64) {
-        if self.rx.borrow().durable < ticket {
-            self.writer.poke();
-        }
-    }
-
-    /// The newest durable ticket.
-    pub fn durable(&self) -> u64 {
-        self.rx.borrow().durable
-    }
-}
+pub use crate::scheduler::durability::{ChangeSource, Durability, StoreFailed};
+use crate::scheduler::durability::{Watermark, WriterWake};
 
 /// Commit counts, for the group-commit figures in metrics and benchmarks.
 #[derive(Debug, Default)]
@@ -118,19 +33,6 @@ pub struct CommitStats {
     /// sets would say 1 per commit). Changes ÷ commits is the group-commit
     /// batch size.
     pub changes: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Debug)]
-struct WriterThread {
-    thread: std::sync::OnceLock<thread::Thread>,
-}
-
-impl WriterThread {
-    fn poke(&self) {
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-    }
 }
 
 /// The running writer.
@@ -154,9 +56,7 @@ impl Writer {
         let (tx, rx) = watch::channel(Watermark::default());
         let stats = Arc::new(CommitStats::default());
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = Arc::new(WriterThread {
-            thread: std::sync::OnceLock::new(),
-        });
+        let writer = Arc::new(WriterWake::default());
         let handle = thread::Builder::new().name("store-writer".into()).spawn({
             let stats = stats.clone();
             let stop = stop.clone();
@@ -224,9 +124,9 @@ impl Writer {
                 }
             }
         })?;
-        let _ = writer.thread.set(handle.thread().clone());
+        writer.set_thread(handle.thread().clone());
         Ok(Self {
-            durability: Durability { rx, writer },
+            durability: Durability::new(rx, writer),
             stats,
             handle: Some(handle),
             stop,
@@ -270,6 +170,7 @@ mod tests {
     use parking_lot::Mutex;
 
     use super::*;
+    use crate::scheduler::durable::ChangeSet;
     use crate::store::{
         memory::{FailingStore, MemoryStore},
         rows::tests::full_state,

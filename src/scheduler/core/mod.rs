@@ -17,12 +17,12 @@ mod admission;
 mod approval;
 mod cancel;
 mod counters;
+mod indexes;
 mod lifecycle;
 mod reads;
-mod recovery;
+pub mod recovery;
 mod reports;
 mod retention;
-pub use self::recovery::{Inconsistent, RecoveryReport};
 mod steer;
 mod tracking;
 mod workers;
@@ -50,7 +50,7 @@ use super::{
 };
 use foldhash::{HashMap, HashSet};
 
-use self::reads::{LeadIndex, LiveByStatus, SeqIndex};
+use self::indexes::{LeadIndex, LiveByStatus, SeqIndex};
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
 
