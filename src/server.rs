@@ -289,7 +289,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ))),
     );
     scheduler.set_span_sink(telemetry::run_span_sink());
-    scheduler.set_run_credentials(Arc::new(crate::auth::run_tokens::RunTokenIssuer(
+    scheduler.set_run_credentials(Arc::new(crate::auth::keyring::RunTokenIssuer(
         keyring.shared(),
     )));
     let shutdown = CancellationToken::new();

@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::scheduler::{AgentId, RunCredential, RunCredentials};
+
 use super::{
     jwt::JwtVerifier, AuthConfig, AuthError, Authenticator, Credential, KeyConfig, Principal,
 };
@@ -66,7 +68,7 @@ impl SharedAuthenticator {
             run_ended: credential
                 .authorization
                 .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(super::bearer_token)
+                .and_then(super::authenticator::bearer_token)
                 .and_then(|token| self.load().run_tokens().ended(token)),
         }
     }
@@ -308,6 +310,22 @@ fn read_key_file(path: &Path, id: &str) -> Result<KeyConfig, String> {
     key.check(&format!("auth.keys_dir/{id}"), id)
         .map_err(|e| e.to_string())?;
     Ok(key)
+}
+
+/// The scheduler's side: it asks for a token as each in-process run
+/// starts, and gets one while calls need a credential (the mode may change
+/// on reload; without authentication runs pay nothing).
+#[derive(Debug, Clone)]
+pub struct RunTokenIssuer(pub SharedAuthenticator);
+
+impl RunCredentials for RunTokenIssuer {
+    fn issue(&self, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential> {
+        let auth = self.0.load();
+        if !auth.required() {
+            return None;
+        }
+        auth.run_tokens().issue_for(tenant, agent)
+    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     keys::{self, KeyDigest},
-    AuthError, Cause, Principal, Role, SharedAuthenticator,
+    AuthError, Cause, Principal, Role,
 };
-use crate::scheduler::{AgentId, RunCredential, RunCredentials};
+use crate::scheduler::{AgentId, RunCredential};
 
 /// Prefix of every run token (no API key or JWT starts with it).
 pub const PREFIX: &str = "sar_";
@@ -75,7 +75,7 @@ impl RunTokens {
     }
 
     /// A new token for the run of `agent`, in `tenant`.
-    fn issue_for(self: &Arc<Self>, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential> {
+    pub(super) fn issue_for(self: &Arc<Self>, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential> {
         let mut random = [0u8; ID_CHARS / 2 + keys::SECRET_BYTES];
         // No randomness, no token: the program then runs without one (its
         // calls are refused) rather than with a guessable one.
@@ -120,22 +120,6 @@ impl RunTokens {
     /// Whether no run holds a token.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// The scheduler's side: it asks for a token as each in-process run
-/// starts, and gets one while calls need a credential (the mode may change
-/// on reload; without authentication runs pay nothing).
-#[derive(Debug, Clone)]
-pub struct RunTokenIssuer(pub SharedAuthenticator);
-
-impl RunCredentials for RunTokenIssuer {
-    fn issue(&self, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential> {
-        let auth = self.0.load();
-        if !auth.required() {
-            return None;
-        }
-        auth.run_tokens().issue_for(tenant, agent)
     }
 }
 
