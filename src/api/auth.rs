@@ -15,13 +15,17 @@ use std::{
 use tonic::body::Body;
 use tower::{Layer, Service};
 
-use crate::api::forward::FORWARDED_SANS_HEADER;
 use crate::auth::{
     policy, AuthError, Credential, Principal, Revocation, Role, SharedAuthenticator,
 };
 use crate::scheduler::Scope;
 use crate::tls::{Acceptor, PeerInfo};
 
+/// The header in which a standby passes on the SANs of its caller's
+/// client certificate (space-separated), when the caller authenticated by
+/// certificate: the leader, which sees the standby's certificate, trusts
+/// it only from another replica (`tls::Acceptor::is_peer`).
+pub const FORWARDED_SANS_HEADER: &str = "subagentd-forwarded-sans";
 /// The calls that stay open: they end when their credential is revoked.
 const LONG_LIVED: &[&str] = &[
     "/subagents.v1.AgentService/WatchAgents",

@@ -34,16 +34,12 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::scheduler::Error;
 
+use super::auth::{CallerSans, FORWARDED_SANS_HEADER};
+
 /// The header a standby adds to what it forwards: a server receiving a
 /// call that carries it never forwards it again (two standbys with stale
 /// views of the leader would otherwise bounce it between them).
 pub const FORWARDED_HEADER: &str = "subagentd-forwarded-by";
-
-/// The header in which a standby passes on the SANs of its caller's
-/// client certificate (space-separated), when the caller authenticated by
-/// certificate: the leader, which sees the standby's certificate, trusts
-/// it only from another replica (`tls::Acceptor::is_peer`).
-pub const FORWARDED_SANS_HEADER: &str = "subagentd-forwarded-sans";
 
 /// The paths a standby forwards; everything else is served locally.
 const FORWARDED_PREFIXES: [&str; 2] = [
@@ -198,10 +194,7 @@ fn pass_on_certificate(req: &mut http::Request<Body>) {
     if req.headers().contains_key(http::header::AUTHORIZATION) {
         return;
     }
-    let sans = req
-        .extensions()
-        .get::<crate::api::auth::CallerSans>()
-        .map(|c| c.0.join(" "));
+    let sans = req.extensions().get::<CallerSans>().map(|c| c.0.join(" "));
     if let Some(value) = sans.and_then(|s| http::HeaderValue::from_str(&s).ok()) {
         req.headers_mut().insert(FORWARDED_SANS_HEADER, value);
     }

@@ -75,7 +75,11 @@ impl RunTokens {
     }
 
     /// A new token for the run of `agent`, in `tenant`.
-    pub(super) fn issue_for(self: &Arc<Self>, tenant: &Arc<str>, agent: AgentId) -> Option<RunCredential> {
+    pub(super) fn issue_for(
+        self: &Arc<Self>,
+        tenant: &Arc<str>,
+        agent: AgentId,
+    ) -> Option<RunCredential> {
         let mut random = [0u8; ID_CHARS / 2 + keys::SECRET_BYTES];
         // No randomness, no token: the program then runs without one (its
         // calls are refused) rather than with a guessable one.
