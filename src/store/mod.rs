@@ -12,12 +12,12 @@
 //! and a few counters. The encoding lives in [`rows`], once for every engine.
 
 pub mod embedded;
-pub mod lease;
 pub mod memory;
 pub mod postgres;
-pub mod postgres_tls;
 mod rows;
 pub mod writer;
+
+pub use self::postgres::{lease, tls as postgres_tls};
 
 use std::{
     collections::{hash_map::Entry, HashMap},

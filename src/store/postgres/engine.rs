@@ -24,11 +24,9 @@ use tokio::runtime::Runtime;
 use tokio_postgres::{types::ToSql, IsolationLevel, Statement};
 use uuid::Uuid;
 
-pub use super::postgres_tls::ConnectOptions;
-use super::{
-    postgres_tls::{split_url, Tls},
-    rows, Batch, Contents, Store, StoreError, SCHEMA_VERSION,
-};
+pub use super::tls::ConnectOptions;
+use super::tls::{split_url, Tls};
+use crate::store::{rows, Batch, Contents, Store, StoreError, SCHEMA_VERSION};
 use crate::{config::redact_url, scheduler::durable::LogPosition};
 
 /// How long connecting to the server may take when the URL does not say
@@ -989,7 +987,7 @@ mod tests {
 
     #[test]
     fn the_lease_goes_to_one_server_at_a_time_and_each_take_over_raises_its_epoch() {
-        use crate::store::lease::LeaseClient;
+        use crate::store::postgres::lease::LeaseClient;
         let Some(db) = TestDb::create() else { return };
         let rt = runtime();
         rt.block_on(async {
@@ -1055,7 +1053,7 @@ mod tests {
 
     #[test]
     fn an_unrenewed_lease_expires_by_the_database_clock_and_is_never_revived() {
-        use crate::store::lease::LeaseClient;
+        use crate::store::postgres::lease::LeaseClient;
         let Some(db) = TestDb::create() else { return };
         let rt = runtime();
         rt.block_on(async {
@@ -1096,7 +1094,7 @@ mod tests {
 
     #[test]
     fn a_deposed_leaders_commit_fails_and_writes_nothing() {
-        use crate::store::lease::LeaseClient;
+        use crate::store::postgres::lease::LeaseClient;
         let Some(db) = TestDb::create() else { return };
         let rt = runtime();
         let ttl = Duration::from_secs(30);

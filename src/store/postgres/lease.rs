@@ -4,7 +4,7 @@
 //! expires. Expiry is the database's clock, never a server's, so hosts
 //! whose clocks disagree still agree on who holds the lease. Each take-over
 //! raises the epoch, so an epoch names one leadership; a leader's commits
-//! check theirs ([`super::postgres::PostgresStore::fenced`]), and a
+//! check theirs ([`super::engine::PostgresStore::fenced`]), and a
 //! deposed leader's writes fail and change nothing.
 //!
 //! A holder's own deadline is local and conservative: the lease lasts
@@ -27,10 +27,8 @@ use futures_util::StreamExt;
 use tokio::{sync::Notify, time::Instant};
 use tokio_postgres::AsyncMessage;
 
-use super::{
-    postgres::{config_of, redacted, ConnectOptions, OrEngine, DDL_LOCK, DDL_LOCK_KEY},
-    StoreError,
-};
+use super::engine::{config_of, redacted, ConnectOptions, OrEngine, DDL_LOCK, DDL_LOCK_KEY};
+use crate::store::StoreError;
 
 pub(super) const CREATE: &str = "CREATE TABLE IF NOT EXISTS subagentd_lease (
         id smallint PRIMARY KEY CHECK (id = 1),
