@@ -10,7 +10,12 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use crate::{cli::RunArgs, load::LoadResult, procfs, scenarios::Scenario, servers::CommitCounts};
+use crate::{
+    cli::{RunArgs, Scenario},
+    load::LoadResult,
+    procfs,
+    servers::CommitCounts,
+};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
