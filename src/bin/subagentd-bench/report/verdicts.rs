@@ -181,7 +181,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::report::{model::StoreStats, render_run};
+    use crate::report::{model::StoreStats, text::render_run};
 
     fn row(round: usize, scenario: Scenario, concurrency: usize, rps: f64, p99_ms: f64) -> Row {
         Row {
