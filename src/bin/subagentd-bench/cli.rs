@@ -1,9 +1,7 @@
 //! Command line of `subagentd-bench`. Every flag's help states its default and
 //! unit, so `--help` is the reference for how the numbers were produced.
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
-
-use crate::scenarios::Scenario;
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 /// Exit status, shown under `--help`: CI runs `run --duration 1s` as a smoke
 /// test, so breakage (an error status, a server that does not start) must
@@ -213,6 +211,69 @@ pub struct NoopServerArgs {
     /// Address to listen on.
     #[arg(long)]
     pub listen: SocketAddr,
+}
+
+/// One benchmark scenario. It lives with the flags that parse it (`run
+/// --scenarios`), so that `cli` is a leaf every other module may import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Spawn against the no-op server: the cost of gRPC itself.
+    Baseline,
+    /// Background Spawn of an agent that finishes at once.
+    BgSpawn,
+    /// BgSpawn against the embedded store.
+    BgSpawnEmbedded,
+    /// BgSpawn against the PostgreSQL store (needs `--postgres-url`).
+    BgSpawnPostgres,
+    /// Foreground Spawn: spawn, run and complete in one call.
+    FgSpawn,
+    /// Status by the id of one running agent.
+    Status,
+    /// Background Spawn while WatchAgents subscribers receive every event.
+    BgSpawnWatched,
+    /// Background Spawn round-robin under `--lead-watchers` leads while one
+    /// WatchAgents subscriber per lead watches its own lead.
+    BgSpawnLeadWatched,
+    /// BgSpawnPostgres sent to a standby, which forwards every call to the
+    /// leader on the same database (needs `--postgres-url`).
+    BgSpawnForwarded,
+    /// BgSpawn with authentication required, every call carrying an API
+    /// key: what authenticating a call costs.
+    BgSpawnKeyed,
+}
+
+impl Scenario {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Baseline => "baseline",
+            Scenario::BgSpawn => "bg-spawn",
+            Scenario::BgSpawnEmbedded => "bg-spawn-embedded",
+            Scenario::BgSpawnPostgres => "bg-spawn-postgres",
+            Scenario::FgSpawn => "fg-spawn",
+            Scenario::Status => "status",
+            Scenario::BgSpawnWatched => "bg-spawn-watched",
+            Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
+            Scenario::BgSpawnForwarded => "bg-spawn-forwarded",
+            Scenario::BgSpawnKeyed => "bg-spawn-keyed",
+        }
+    }
+
+    /// True for the scenarios that measure a durable store (their rows
+    /// carry commit counts and ratios to bg-spawn, which keeps nothing).
+    pub fn has_store(self) -> bool {
+        matches!(
+            self,
+            Scenario::BgSpawnEmbedded | Scenario::BgSpawnPostgres | Scenario::BgSpawnForwarded
+        )
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -11,11 +11,20 @@
 //!   baseline, and a verdict on the targets this tool can check.
 //! - `memory`: RSS per retained finished agent.
 //!
-//! Module map: [`cli`] (flags), [`servers`] (child processes and the no-op
-//! server), [`load`] (the closed-loop driver, histograms, watchers),
-//! [`scenarios`] (what each scenario sends and the `run` sequence),
-//! [`report`] (table, JSON, verdicts), [`memory`] (the `memory` subcommand),
-//! [`procfs`] (CPU time and RSS from `/proc`).
+//! Module map: [`cli`] (flags and the scenario names), [`servers`] (child
+//! processes and the no-op server), [`load`] (the closed-loop driver,
+//! histograms, watchers), [`scenarios`] (what each scenario sends and the
+//! `run` sequence), [`report`] (result types, statistics, verdicts, table and
+//! JSON), [`memory`] (the `memory` subcommand), [`procfs`] (CPU time and RSS
+//! from `/proc`).
+//!
+//! Imports point one way, so no two modules import each other, directly or
+//! through others: main → `scenarios`, `memory` (the subcommands) → `report`
+//! → `load` → `servers` → `procfs`, where a module may skip layers downward
+//! (`scenarios` uses `servers` too), and `cli` is the leaf under all of them:
+//! plain flag types and the [`cli::Scenario`] names, importing no other
+//! module of the bench. The parts of `report` follow the same rule (see its
+//! module doc).
 
 mod cli;
 mod load;

@@ -2,14 +2,14 @@
 //! run (fresh server per scenario, every concurrency against it, server
 //! counters sampled around each timed phase).
 
-use std::{fmt, net::SocketAddr, process::ExitCode, time::Duration};
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use subagentd::pb::{self, agent_service_client::AgentServiceClient};
 use tonic::transport::Channel;
 
 use crate::{
-    cli::RunArgs,
+    cli::{RunArgs, Scenario},
     load::{self, watchers::Watchers, LoadPlan, Workload},
     procfs::{self, Pid},
     report::{self, Failure, Measurement, Row, RunReport, WatchStats},
@@ -20,63 +20,7 @@ use crate::{
 /// stays RUNNING (and retained) however long the run is.
 const STATUS_TARGET_PROMPT: &str = "sleep 3600000";
 
-/// One benchmark scenario.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scenario {
-    /// Spawn against the no-op server: the cost of gRPC itself.
-    Baseline,
-    /// Background Spawn of an agent that finishes at once.
-    BgSpawn,
-    /// BgSpawn against the embedded store.
-    BgSpawnEmbedded,
-    /// BgSpawn against the PostgreSQL store (needs `--postgres-url`).
-    BgSpawnPostgres,
-    /// Foreground Spawn: spawn, run and complete in one call.
-    FgSpawn,
-    /// Status by the id of one running agent.
-    Status,
-    /// Background Spawn while WatchAgents subscribers receive every event.
-    BgSpawnWatched,
-    /// Background Spawn round-robin under `--lead-watchers` leads while one
-    /// WatchAgents subscriber per lead watches its own lead.
-    BgSpawnLeadWatched,
-    /// BgSpawnPostgres sent to a standby, which forwards every call to the
-    /// leader on the same database (needs `--postgres-url`).
-    BgSpawnForwarded,
-    /// BgSpawn with authentication required, every call carrying an API
-    /// key: what authenticating a call costs.
-    BgSpawnKeyed,
-}
-
 impl Scenario {
-    /// The name used on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::Baseline => "baseline",
-            Scenario::BgSpawn => "bg-spawn",
-            Scenario::BgSpawnEmbedded => "bg-spawn-embedded",
-            Scenario::BgSpawnPostgres => "bg-spawn-postgres",
-            Scenario::FgSpawn => "fg-spawn",
-            Scenario::Status => "status",
-            Scenario::BgSpawnWatched => "bg-spawn-watched",
-            Scenario::BgSpawnLeadWatched => "bg-spawn-lead-watched",
-            Scenario::BgSpawnForwarded => "bg-spawn-forwarded",
-            Scenario::BgSpawnKeyed => "bg-spawn-keyed",
-        }
-    }
-}
-
-impl Scenario {
-    /// True for the scenarios that measure a durable store (their rows
-    /// carry commit counts and ratios to bg-spawn, which keeps nothing).
-    pub fn has_store(self) -> bool {
-        matches!(
-            self,
-            Scenario::BgSpawnEmbedded | Scenario::BgSpawnPostgres | Scenario::BgSpawnForwarded
-        )
-    }
-
     /// The store of this scenario's server; Err when it cannot have one.
     fn store(self, args: &RunArgs) -> Result<BenchStore, String> {
         match self {
@@ -93,12 +37,6 @@ impl Scenario {
             },
             _ => Ok(BenchStore::Memory),
         }
-    }
-}
-
-impl fmt::Display for Scenario {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
