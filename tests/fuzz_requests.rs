@@ -321,7 +321,7 @@ fn encoded_messages(spawn: pb::SpawnRequest, id: String, text: String) -> Vec<Ve
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
-    /// The cargo-fuzz targets' entry points (fuzz/, README "Fuzzing") on
+    /// The cargo-fuzz targets' entry points (fuzz/, docs/security.md "Fuzzing") on
     /// random bytes and on encodings of random field values: none panics.
     #[test]
     fn the_fuzz_targets_take_any_input(

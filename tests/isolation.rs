@@ -126,8 +126,8 @@ fn may_call(caller: Caller, rpc: Rpc) -> bool {
 /// Whether the caller may see and act on the target: its own tenant's
 /// agents, and for an admin every tenant's, except as a parent (an admin's
 /// Spawns land in its own tenant, and a parent must be in the child's) and
-/// by lead id (a lead id names a lead of the caller's own tenant: README
-/// "Tenants").
+/// by lead id (a lead id names a lead of the caller's own tenant:
+/// docs/security.md "Tenants").
 fn sees(caller: Caller, rpc: Rpc, target: Target) -> bool {
     match target {
         Target::Own => true,

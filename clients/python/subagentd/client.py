@@ -4,7 +4,7 @@ Every error status subagentd returns carries a `google.rpc.Status` in the
 `grpc-status-details-bin` trailer, whose details hold a `google.rpc.ErrorInfo`
 (domain "subagentd") and, depending on the error, `BadRequest`,
 `QuotaFailure`, `PreconditionFailure` or `ResourceInfo`. Branch on
-`ErrorInfo.reason` (see the README's "Errors" table), never on the message:
+`ErrorInfo.reason` (see the table in docs/errors.md), never on the message:
 
     from subagentd.client import error_info
 
