@@ -1,4 +1,4 @@
-//! Entry points of the fuzz targets in `fuzz/` (cargo-fuzz, README
+//! Entry points of the fuzz targets in `fuzz/` (cargo-fuzz, docs/security.md
 //! "Fuzzing"). Each takes arbitrary bytes through what untrusted input
 //! meets on the server before the scheduler: protobuf decoding, conversion
 //! and validation of every RPC's request and of the worker protocol's

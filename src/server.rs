@@ -413,7 +413,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
             .http2_keepalive_interval(Some(keepalive_interval))
             .http2_keepalive_timeout(Some(keepalive_timeout))
             // Bounds hyper and tonic leave open or lax, set explicitly
-            // (README "Limits against abuse").
+            // (docs/security.md, "Limits against abuse").
             .max_concurrent_streams(abuse.max_concurrent_streams)
             .http2_max_header_list_size(abuse.max_header_list_bytes)
             .http2_max_pending_accept_reset_streams(Some(abuse.max_pending_reset_streams))

@@ -16,7 +16,7 @@ pub const DEFAULT_AGENT_TYPE: &str = "simulated";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunnerKind {
-    /// The built-in scripted runner (see README "The simulated runner").
+    /// The built-in scripted runner (see docs/concepts.md, "The simulated runner").
     #[default]
     Simulated,
     /// Runs are executed by connected workers (WorkerService).

@@ -531,8 +531,9 @@ impl Continuing {
 const NEW_PROMPT_MARKER: &str = "--- new prompt ---\n";
 
 /// A continuation's transcript as a program reads it on standard input
-/// (README "Runners"): a header, then per entry a `--- turn N <kind> ---`
-/// line and its text; [`NEW_PROMPT_MARKER`] and the prompt follow.
+/// (docs/runners.md, "Continuations by runner"): a header, then per entry
+/// a `--- turn N <kind> ---` line and its text; [`NEW_PROMPT_MARKER`] and
+/// the prompt follow.
 fn transcript_text(history: &History) -> String {
     let mut out = String::from("This conversation so far (subagentd transcript, oldest first):\n");
     if history.elided.any() {
