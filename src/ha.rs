@@ -4,7 +4,7 @@
 //! every `lease_ttl / 3`; as the leader it renews it every `lease_ttl / 3`
 //! and, when renewals keep failing, steps down at
 //! `valid_until - lease_ttl / 5`, before any other server could take the
-//! lease (see [`crate::store::lease`] for why `valid_until` is safe). It
+//! lease (see [`crate::store::postgres::lease`] for why `valid_until` is safe). It
 //! publishes its [`Role`] on a watch channel; what a server does on each
 //! change (start scheduling, stop its runs) is the server's business.
 //!
@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::store::{
-    lease::{Lease, LeaseClient, LeaseRecord},
+    postgres::lease::{Lease, LeaseClient, LeaseRecord},
     postgres::ConnectOptions,
     StoreError,
 };

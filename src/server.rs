@@ -330,7 +330,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         let options = store::postgres::ConnectOptions::of(&config.store);
         // A bad URL is reported by every connection attempt; a CA that the
         // mode never uses only here.
-        if let Ok((_, tls)) = store::postgres_tls::split_url(&config.store.url, &options) {
+        if let Ok((_, tls)) = store::postgres::tls::split_url(&config.store.url, &options) {
             if let Some(ca) = tls.unused_ca() {
                 warn!(
                     ca = %ca.path.display(), by = ca.by, sslmode = %tls.mode,

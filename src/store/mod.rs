@@ -17,8 +17,6 @@ pub mod postgres;
 mod rows;
 pub mod writer;
 
-pub use self::postgres::{lease, tls as postgres_tls};
-
 use std::{
     collections::{hash_map::Entry, HashMap},
     path::PathBuf,

@@ -27,15 +27,11 @@ use futures_util::StreamExt;
 use tokio::{sync::Notify, time::Instant};
 use tokio_postgres::AsyncMessage;
 
-use super::engine::{config_of, redacted, ConnectOptions, OrEngine, DDL_LOCK, DDL_LOCK_KEY};
+use super::{
+    connection::{config_of, redacted, ConnectOptions, OrEngine},
+    schema::{CREATE_LEASE, DDL_LOCK, DDL_LOCK_KEY},
+};
 use crate::store::StoreError;
-
-pub(super) const CREATE: &str = "CREATE TABLE IF NOT EXISTS subagentd_lease (
-        id smallint PRIMARY KEY CHECK (id = 1),
-        holder text NOT NULL,
-        epoch bigint NOT NULL,
-        expires_at timestamptz NOT NULL
-    )";
 
 /// Takes the lease when nobody holds it or its holder let it expire. Two
 /// servers racing both lock the one row; the second sees the first's fresh
@@ -129,7 +125,7 @@ impl LeaseClient {
         tx.execute(DDL_LOCK, &[&DDL_LOCK_KEY])
             .await
             .or_engine(&where_)?;
-        tx.batch_execute(CREATE).await.or_engine(&where_)?;
+        tx.batch_execute(CREATE_LEASE).await.or_engine(&where_)?;
         tx.commit().await.or_engine(&where_)?;
         client.batch_execute(LISTEN).await.or_engine(&where_)?;
         Ok(Self {
