@@ -10,7 +10,7 @@ use clap::Parser;
 /// ~10 % of server CPU in malloc/free and consolidation (BENCHMARKS.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use subagentd::cli::{client, Cli, Command};
+use subagentd::cli::{args as client, Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -1,18 +1,18 @@
 //! The `subagentd` command line: `serve` runs the server, every other
-//! subcommand is a thin gRPC client of a running server (see [`client`]).
+//! subcommand is a thin gRPC client of a running server (see [`args`]).
 //!
-//! Parsing lives here and in [`client`] so that `main` only has to parse
+//! Parsing lives here and in [`args`] so that `main` only has to parse
 //! [`Cli`] and dispatch: `serve` to the server, `worker` to [`crate::worker`], anything else to
-//! [`client::run`].
+//! [`args::run`].
 
-pub mod client;
+pub mod args;
 pub mod keys;
 mod output;
 
 use std::path::PathBuf;
 
 /// Exit status documented in `--help`; kept next to the parser so the text
-/// and the codes in [`client`] are read together.
+/// and the codes in [`args`] are read together.
 const EXIT_STATUS_HELP: &str = "\
 Exit status:
   0  success
@@ -38,7 +38,7 @@ pub struct Cli {
 }
 
 /// A `subagentd` subcommand. Every variant but [`Command::Serve`] is a client
-/// call handled by [`client::run`].
+/// call handled by [`args::run`].
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Run the server.
@@ -51,31 +51,31 @@ pub enum Command {
     ///
     /// The exit status is 0 whenever the server accepted the spawn, also if
     /// the agent then failed: read its status from the output.
-    Spawn(client::SpawnArgs),
+    Spawn(args::SpawnArgs),
     /// List agents by id or by filter (Status).
     ///
     /// When more pages exist and --all-pages is not given, the token for the
     /// next page is printed last (with --json as `{"nextPageToken": "…"}`).
-    Status(client::StatusArgs),
+    Status(args::StatusArgs),
     /// Wait until agents are settled: terminal or awaiting approval (Await).
     /// Exits with status 2 if the timeout passed first.
     ///
     /// Prints the agents as they are now; with --json they are followed by
     /// `{"timedOut": true|false}`.
     #[command(after_help = EXIT_STATUS_HELP)]
-    Await(client::AwaitArgs),
+    Await(args::AwaitArgs),
     /// Cancel an agent, or every live agent under a lead, with all live
     /// descendants (Cancel). Prints the agents that were cancelled.
-    Cancel(client::CancelArgs),
+    Cancel(args::CancelArgs),
     /// Send a message to an agent's run (Steer): delivered now if it is
     /// running, buffered in order otherwise.
     ///
     /// With --json prints `{"delivery": "STEER_DELIVERY_…", "agent": {…}}`.
-    Steer(client::SteerArgs),
+    Steer(args::SteerArgs),
     /// Decide an agent's pending approval (Approve): approve, or --deny.
     /// The agent goes back to its queue ahead of newer agents and its run
     /// learns the decision when it runs again. Prints the agent.
-    Approve(client::ApproveArgs),
+    Approve(args::ApproveArgs),
     /// Stream lifecycle events (WatchAgents) until the server ends the stream
     /// or Ctrl-C; with --progress also output chunks and tool calls.
     ///
@@ -83,7 +83,7 @@ pub enum Command {
     /// `{"sequence": N, "kind": "AGENT_EVENT_KIND_…", "agent": {…}}` per
     /// event. If the stream breaks, the error says which --after-sequence
     /// resumes it without gaps.
-    Watch(client::WatchArgs),
+    Watch(args::WatchArgs),
     /// Print a conversation's transcript (GetTranscript), oldest entry
     /// first: the history up to and including agent ID, or with
     /// --conversation all of conversation ID. Every page is fetched.
@@ -98,7 +98,7 @@ pub enum Command {
     ///
     /// With --json prints one `{"kind": "TRANSCRIPT_ENTRY_KIND_…",
     /// "agentId", "turn", "time", "text", "status", "error"}` per entry.
-    Transcript(client::TranscriptArgs),
+    Transcript(args::TranscriptArgs),
     /// Manage API keys (no server needed).
     #[command(subcommand)]
     Keys(keys::KeysCommand),

@@ -86,7 +86,7 @@ pub struct WorkerArgs {
     )]
     pub token: Option<String>,
     #[command(flatten)]
-    pub tls: crate::cli::client::TlsArgs,
+    pub tls: crate::cli::args::TlsArgs,
 }
 
 /// `subagentd worker`: serve runs until SIGTERM/SIGINT, then drain.
