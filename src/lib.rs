@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod fuzzing;
 pub mod ha;

@@ -10,7 +10,7 @@ use clap::Parser;
 /// ~10 % of server CPU in malloc/free and consolidation (BENCHMARKS.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-use subagentd::cli::{args as client, Cli, Command};
+use subagentd::cli::{commands, Cli, Command};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -23,7 +23,7 @@ async fn main() -> ExitCode {
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Keys(command) => subagentd::cli::keys::run(command).map(|()| ExitCode::SUCCESS),
-        command => client::run(command).await,
+        command => commands::run(command).await,
     };
     outcome.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -200,26 +200,6 @@ where
     }
 }
 
-/// The `authorization` value a client sends for `token` (`--token`,
-/// `SUBAGENTD_TOKEN`); None for no token. Err when the token holds
-/// characters a header cannot carry.
-pub fn bearer_header(
-    token: Option<&str>,
-) -> Result<Option<tonic::metadata::AsciiMetadataValue>, InvalidToken> {
-    match token.map(str::trim) {
-        None | Some("") => Ok(None),
-        Some(token) => format!("Bearer {token}")
-            .parse()
-            .map(Some)
-            .map_err(|_| InvalidToken),
-    }
-}
-
-/// A token that cannot be sent as a header.
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the API key (--token or SUBAGENTD_TOKEN) contains characters a header cannot carry")]
-pub struct InvalidToken;
-
 /// The caller of a request that passed [`AuthLayer`]; the anonymous
 /// principal when the layer is not in front (in-process tests of a
 /// service).

@@ -6,6 +6,7 @@
 //! [`args::run`].
 
 pub mod args;
+pub mod commands;
 pub mod keys;
 mod output;
 

@@ -86,7 +86,7 @@ pub struct WorkerArgs {
     )]
     pub token: Option<String>,
     #[command(flatten)]
-    pub tls: crate::cli::args::TlsArgs,
+    pub tls: crate::client::TlsArgs,
 }
 
 /// `subagentd worker`: serve runs until SIGTERM/SIGINT, then drain.
@@ -113,7 +113,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    let token = crate::api::auth::bearer_header(args.token.as_deref())?;
+    let token = crate::client::bearer_header(args.token.as_deref())?;
     let worker = Worker::new(config, url, token, args.token.as_deref().map(Arc::from));
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
