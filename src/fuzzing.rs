@@ -11,9 +11,8 @@ use std::sync::{Arc, OnceLock};
 use prost::Message;
 
 use crate::{
-    api::convert,
     auth::{self, jwt, keys, AuthConfig, AuthMode, Authenticator, Credential, KeyConfig, Role},
-    pb,
+    pb, wire,
 };
 
 /// Tenants a listing or watch may be scoped to: one tenant (a caller's
@@ -30,16 +29,14 @@ pub fn agent_request(data: &[u8]) {
         return;
     };
     match selector % 7 {
-        0 => drop(pb::SpawnRequest::decode(bytes).map(convert::parse_spawn)),
-        1 => drop(
-            pb::StatusRequest::decode(bytes).map(|r| convert::parse_status(r, scope(selector))),
-        ),
-        2 => drop(pb::AwaitRequest::decode(bytes).map(convert::parse_await)),
-        3 => drop(pb::CancelRequest::decode(bytes).map(convert::parse_cancel)),
-        4 => drop(pb::SteerRequest::decode(bytes).map(convert::parse_steer)),
-        5 => drop(pb::ApproveRequest::decode(bytes).map(convert::parse_approve)),
+        0 => drop(pb::SpawnRequest::decode(bytes).map(wire::parse_spawn)),
+        1 => drop(pb::StatusRequest::decode(bytes).map(|r| wire::parse_status(r, scope(selector)))),
+        2 => drop(pb::AwaitRequest::decode(bytes).map(wire::parse_await)),
+        3 => drop(pb::CancelRequest::decode(bytes).map(wire::parse_cancel)),
+        4 => drop(pb::SteerRequest::decode(bytes).map(wire::parse_steer)),
+        5 => drop(pb::ApproveRequest::decode(bytes).map(wire::parse_approve)),
         _ => drop(
-            pb::WatchAgentsRequest::decode(bytes).map(|r| convert::parse_watch(r, scope(selector))),
+            pb::WatchAgentsRequest::decode(bytes).map(|r| wire::parse_watch(r, scope(selector))),
         ),
     }
 }
@@ -58,7 +55,7 @@ pub fn worker_message(data: &[u8]) {
         0 => {
             let types: Vec<String> = WORKER_TYPES.iter().map(|t| (*t).to_owned()).collect();
             if let Ok(req) = pb::ConnectRequest::decode(bytes) {
-                let _ = convert::parse_hello(req, &types);
+                let _ = wire::parse_hello(req, &types);
             }
         }
         1 => {
@@ -66,12 +63,12 @@ pub fn worker_message(data: &[u8]) {
                 message: Some(pb::connect_request::Message::Event(event)),
             }) = pb::ConnectRequest::decode(bytes)
             {
-                let _ = convert::worker_event_from_pb(event);
+                let _ = wire::worker_event_from_pb(event);
             }
         }
         _ => {
             if let Ok(agent) = pb::Agent::decode(bytes) {
-                let _ = convert::agent_from_pb(&agent);
+                let _ = wire::agent_from_pb(&agent);
             }
         }
     }

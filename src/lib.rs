@@ -16,4 +16,5 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod wire;
 pub mod worker;

@@ -18,8 +18,8 @@ use crate::{
     api::forward::{ForwardLayer, ForwardSettings, LeaderTls, Route},
     api::gate::RecoveryGate,
     api::{
-        ending::EndOnShutdown, service::AgentServiceImpl, watch_route::AgentServiceRouter,
-        workers::WorkerServiceImpl,
+        ending::EndOnShutdown, rpc::RpcLayer, service::AgentServiceImpl,
+        watch_route::AgentServiceRouter, workers::WorkerServiceImpl,
     },
     auth::Keyring,
     cli::ServeArgs,
@@ -32,7 +32,7 @@ use crate::{
         writer::{CommitStats, Writer},
         StoreError,
     },
-    telemetry::{self, metrics::Metrics, rpc::RpcLayer},
+    telemetry::{self, metrics::Metrics},
 };
 
 /// Health-service name of the API.

@@ -4,11 +4,11 @@
 //! ([`forward`]).
 
 pub mod auth;
-pub mod convert;
 pub mod deadline;
 pub mod ending;
 pub mod forward;
 pub mod gate;
+pub mod rpc;
 pub mod service;
 pub mod status;
 pub mod watch_route;

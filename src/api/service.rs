@@ -9,16 +9,17 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{
-    auth, convert,
+    auth,
     deadline::CallDeadline,
     status::{reason_of, watch_lagged},
 };
 use crate::pb::{self, agent_service_server::AgentService};
+use crate::scheduler::durability::Durability;
 use crate::scheduler::{
     trace::SpawnTrace, AgentFilter, Error, Event, Received, Scheduler, WatchLive,
 };
-use crate::store::writer::Durability;
 use crate::telemetry::metrics::ApiMetrics;
+use crate::wire;
 
 /// The gRPC service over a [`Scheduler`].
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ impl AgentServiceImpl {
         let principal = auth::principal(&request);
         let revocation = auth::revocation(&request);
         let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, WATCH)?;
-        let q = convert::parse_watch(request.into_inner(), tenant)?;
+        let q = wire::parse_watch(request.into_inner(), tenant)?;
         let sub = self.scheduler.watch_agents(&q, principal.tenant.clone())?;
         let state = WatchState {
             durability: self.scheduler.durability().cloned(),
@@ -91,7 +92,7 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::SpawnRequest>,
     ) -> Result<Response<pb::SpawnResponse>, Status> {
         let trace = SpawnTrace {
-            caller: convert::trace_context_from(request.metadata()),
+            caller: wire::trace_context_from(request.metadata()),
             rpc: crate::telemetry::current_span_context(),
         };
         let deadline = request
@@ -99,7 +100,7 @@ impl AgentService for AgentServiceImpl {
             .get::<CallDeadline>()
             .map(CallDeadline::passes_at);
         let principal = auth::principal(&request);
-        let spawned = match convert::parse_spawn(request.into_inner()) {
+        let spawned = match wire::parse_spawn(request.into_inner()) {
             Ok(mut spec) => {
                 spec.trace = trace;
                 spec.tenant = principal.tenant.clone();
@@ -114,7 +115,7 @@ impl AgentService for AgentServiceImpl {
         let agent = spawned
             .inspect_err(|e| self.metrics.spawn_rejected(&principal.tenant, reason_of(e)))?;
         Ok(Response::new(pb::SpawnResponse {
-            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
+            agent: Some(wire::agent_to_pb(&agent, SystemTime::now())),
         }))
     }
 
@@ -125,19 +126,19 @@ impl AgentService for AgentServiceImpl {
         let principal = auth::principal(&request);
         let tenant = auth::listed_tenant(&principal, &request.get_ref().tenant, STATUS)?;
         let scope = auth::scope_of(&principal);
-        let response = match convert::parse_status(request.into_inner(), tenant)? {
-            convert::StatusQuery::Ids(ids) => pb::StatusResponse {
-                agents: convert::agents_to_pb(&self.scheduler.status(&scope, &ids, "ids").await?),
+        let response = match wire::parse_status(request.into_inner(), tenant)? {
+            wire::StatusQuery::Ids(ids) => pb::StatusResponse {
+                agents: wire::agents_to_pb(&self.scheduler.status(&scope, &ids, "ids").await?),
                 next_page_token: String::new(),
             },
-            convert::StatusQuery::List {
+            wire::StatusQuery::List {
                 filter,
                 after,
                 limit,
             } => {
                 let page = self.scheduler.list(&filter, after, limit).await?;
                 pb::StatusResponse {
-                    agents: convert::agents_to_pb(&page.agents),
+                    agents: wire::agents_to_pb(&page.agents),
                     next_page_token: page.next_after.map(|s| s.to_string()).unwrap_or_default(),
                 }
             }
@@ -150,12 +151,12 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::GetTranscriptRequest>,
     ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
         let scope = auth::scope_of(&auth::principal(&request));
-        let q = convert::parse_get_transcript(request.into_inner())?;
+        let q = wire::parse_get_transcript(request.into_inner())?;
         let page = self
             .scheduler
             .transcript(&scope, q.target, q.after, q.limit)
             .await?;
-        Ok(Response::new(convert::transcript_to_pb(&page)))
+        Ok(Response::new(wire::transcript_to_pb(&page)))
     }
 
     async fn r#await(
@@ -163,13 +164,13 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::AwaitRequest>,
     ) -> Result<Response<pb::AwaitResponse>, Status> {
         let scope = auth::scope_of(&auth::principal(&request));
-        let q = convert::parse_await(request.into_inner())?;
+        let q = wire::parse_await(request.into_inner())?;
         let (agents, timed_out) = self
             .scheduler
             .await_agents(&scope, &q.ids, Some(q.timeout), q.mode)
             .await?;
         Ok(Response::new(pb::AwaitResponse {
-            agents: convert::agents_to_pb(&agents),
+            agents: wire::agents_to_pb(&agents),
             timed_out,
         }))
     }
@@ -179,22 +180,22 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let principal = auth::principal(&request);
-        let (target, reason) = convert::parse_cancel(request.into_inner())?;
+        let (target, reason) = wire::parse_cancel(request.into_inner())?;
         let cancelled = match target {
-            convert::CancelTarget::Agent(id) => {
+            wire::CancelTarget::Agent(id) => {
                 let scope = auth::scope_of(&principal);
                 self.scheduler.cancel(&scope, id, &reason).await?
             }
             // A lead id names a lead of the caller's own tenant, an admin's
             // too: the same lead id in two tenants names two unrelated leads.
-            convert::CancelTarget::Lead(lead) => {
+            wire::CancelTarget::Lead(lead) => {
                 self.scheduler
                     .cancel_lead(&principal.tenant, &lead, &reason)
                     .await?
             }
         };
         Ok(Response::new(pb::CancelResponse {
-            agents: convert::agents_to_pb(&cancelled),
+            agents: wire::agents_to_pb(&cancelled),
         }))
     }
 
@@ -203,11 +204,11 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::SteerRequest>,
     ) -> Result<Response<pb::SteerResponse>, Status> {
         let scope = auth::scope_of(&auth::principal(&request));
-        let (id, message) = convert::parse_steer(request.into_inner())?;
+        let (id, message) = wire::parse_steer(request.into_inner())?;
         let (agent, delivery) = self.scheduler.steer(&scope, id, message).await?;
         Ok(Response::new(pb::SteerResponse {
-            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
-            delivery: convert::delivery_to_pb(delivery) as i32,
+            agent: Some(wire::agent_to_pb(&agent, SystemTime::now())),
+            delivery: wire::delivery_to_pb(delivery) as i32,
         }))
     }
 
@@ -216,13 +217,13 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::ApproveRequest>,
     ) -> Result<Response<pb::ApproveResponse>, Status> {
         let scope = auth::scope_of(&auth::principal(&request));
-        let (id, approval_id, outcome) = convert::parse_approve(request.into_inner())?;
+        let (id, approval_id, outcome) = wire::parse_approve(request.into_inner())?;
         let agent = self
             .scheduler
             .approve(&scope, id, approval_id, outcome)
             .await?;
         Ok(Response::new(pb::ApproveResponse {
-            agent: Some(convert::agent_to_pb(&agent, SystemTime::now())),
+            agent: Some(wire::agent_to_pb(&agent, SystemTime::now())),
         }))
     }
 
@@ -288,7 +289,7 @@ impl WatchState {
             }
         }
         if let Some(event) = self.initial.next() {
-            return Some((Ok(convert::event_wire(&event)), self));
+            return Some((Ok(wire::event_wire(&event)), self));
         }
         loop {
             let received = if self.shutdown.is_cancelled() {
@@ -320,7 +321,7 @@ impl WatchState {
                     // Seen, matching or not: a resume starts after it.
                     self.resume_after = event.sequence;
                     if self.filter.matches(&event.agent) {
-                        return Some((Ok(convert::event_wire(&event)), self));
+                        return Some((Ok(wire::event_wire(&event)), self));
                     }
                 }
                 Received::Lagged(missed) => {

@@ -140,9 +140,7 @@ impl From<Error> for Status {
                         ("field", (*field).to_owned()),
                         (
                             "status",
-                            crate::api::convert::status_to_pb(*status)
-                                .as_str_name()
-                                .to_owned(),
+                            crate::wire::status_to_pb(*status).as_str_name().to_owned(),
                         ),
                     ],
                 );
@@ -154,7 +152,7 @@ impl From<Error> for Status {
                 Code::FailedPrecondition
             }
             Error::AgentBusy { id, status } => {
-                let status = crate::api::convert::status_to_pb(*status).as_str_name();
+                let status = crate::wire::status_to_pb(*status).as_str_name();
                 info(
                     &mut d,
                     REASON_AGENT_BUSY,
@@ -368,7 +366,7 @@ impl From<Error> for Status {
                 Code::FailedPrecondition
             }
             Error::NotAwaitingApproval { id, status } => {
-                let status = crate::api::convert::status_to_pb(*status).as_str_name();
+                let status = crate::wire::status_to_pb(*status).as_str_name();
                 info(
                     &mut d,
                     REASON_NOT_AWAITING_APPROVAL,

@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use super::convert;
 use crate::pb::{self, worker_service_server::WorkerService};
 use crate::scheduler::{Scheduler, WorkerId};
+use crate::wire;
 
 /// The gRPC service over a [`Scheduler`].
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ impl WorkerService for WorkerServiceImpl {
                     "the stream ended before the worker's `hello`",
                 ))
             })?;
-        let (mut hello, held) = convert::parse_hello(first, &self.scheduler.worker_agent_types())?;
+        let (mut hello, held) = wire::parse_hello(first, &self.scheduler.worker_agent_types())?;
         hello.tenant = principal.tenant.clone();
         let denied: Vec<String> = hello
             .agents
@@ -83,11 +83,11 @@ impl WorkerService for WorkerServiceImpl {
             ended: ended.clone(),
         };
         tokio::spawn(session.run(inbound, self.shutdown.clone()));
-        let welcome = futures_util::stream::once(async move { convert::welcome_to_pb(worker_id) });
+        let welcome = futures_util::stream::once(async move { wire::welcome_to_pb(worker_id) });
         // The command channel closes when the scheduler forgets the worker
         // (its session ended), which ends this stream: with OK, or with
         // the status the session ended with.
-        let commands = UnboundedReceiverStream::new(outbound).map(convert::worker_command_to_pb);
+        let commands = UnboundedReceiverStream::new(outbound).map(wire::worker_command_to_pb);
         let last = futures_util::stream::once(async move { ended.lock().take() })
             .filter_map(|status| async move { status.map(Err) });
         Ok(Response::new(Box::pin(
@@ -165,7 +165,7 @@ impl Session {
             seq: event.seq,
             attempt: event.attempt,
         };
-        match convert::worker_event_from_pb(event) {
+        match wire::worker_event_from_pb(event) {
             Ok((agent, event)) => {
                 let kind = worker_event_name(&event);
                 if !self

@@ -9,7 +9,6 @@
 
 pub mod logs;
 pub mod metrics;
-pub mod rpc;
 pub mod spans;
 
 use std::sync::{Arc, OnceLock};

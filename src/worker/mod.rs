@@ -34,7 +34,6 @@ use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
 use crate::{
-    api::convert,
     config::{AgentTypeConfig, RunnerKind},
     pb::{
         self, connect_request::Message as Up, connect_response::Message as Down, run_event::Event,
@@ -45,6 +44,7 @@ use crate::{
         inbox::{steer_inbox, SteerSender},
         ApprovalOutcome, Usage, CODE_CANCELLED,
     },
+    wire,
 };
 use config::WorkerConfig;
 
@@ -471,8 +471,8 @@ impl Worker {
             agent_id: agent_id.clone(),
             attempt,
         });
-        let view = convert::agent_from_pb(&agent).and_then(|view| {
-            let history = convert::history_from_assignment(
+        let view = wire::agent_from_pb(&agent).and_then(|view| {
+            let history = wire::history_from_assignment(
                 view.conversation_id(),
                 &assignment.transcript,
                 assignment.session,

@@ -26,8 +26,8 @@ use tower::{Layer, Service};
 use tracing::{field::Empty, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::metrics::{ApiMetrics, RpcLabels};
 use crate::api::deadline::CallDeadline;
+use crate::telemetry::metrics::{ApiMetrics, RpcLabels};
 
 /// The layer (see the module docs).
 #[derive(Debug, Clone)]
