@@ -25,6 +25,7 @@ mod reports;
 mod retention;
 mod steer;
 mod tracking;
+mod unsaved;
 mod workers;
 
 use std::{
@@ -51,6 +52,7 @@ use super::{
 use foldhash::{HashMap, HashSet};
 
 use self::indexes::{LeadIndex, LiveByStatus, SeqIndex};
+use self::unsaved::Unsaved;
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
 
@@ -400,7 +402,7 @@ pub struct Core {
     ended: Vec<EndedRun>,
     /// Changes the store has not been handed yet; None when nothing is
     /// stored (`[store] backend = "memory"`).
-    unsaved: Option<Box<self::tracking::Unsaved>>,
+    unsaved: Option<Box<Unsaved>>,
     /// Stored report numbers of worker runs restored for re-attach: the
     /// run's controls (where the number lives) come back only then.
     held_report_seqs: HashMap<AgentId, u64>,

@@ -4,25 +4,12 @@
 
 use std::sync::Arc;
 
-use foldhash::HashSet;
-
 use super::{Core, Record};
 use crate::scheduler::{
     durable::{AgentState, ChangeSet, LogPosition, ProcessGroup},
     events::Event,
     types::AgentId,
 };
-
-/// Changes not yet handed to the store's writer.
-#[derive(Debug, Default)]
-pub(super) struct Unsaved {
-    agents: HashSet<AgentId>,
-    removed: Vec<AgentId>,
-    events: Vec<Arc<Event>>,
-    /// Ticket of the newest change: counts changes since the core was
-    /// built, so "durable up to ticket t" covers every change numbered ≤ t.
-    ticket: u64,
-}
 
 impl Core {
     /// Keeps every change from now on for [`Core::take_changes`].
