@@ -42,73 +42,56 @@ impl Core {
             Some(from) => Some(self.inherit(&tenant, from, &mut spec, now)?),
             None => None,
         };
-        // A retry whose first response was lost gets the first agent, even
-        // if its parent has ended or the config changed since.
-        if let Some(key) = spec.idempotency_key.as_deref() {
-            let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
-                (Some(pid), _) => ParentKey::Agent(pid),
-                (None, Some(lead)) => ParentKey::Lead(tenant.clone(), lead.into()),
-                (None, None) => ParentKey::None,
-            };
-            if let Some(rec) = self
-                .idempotency
-                .get(&(tenant.clone(), parent_key, Arc::from(key)))
-                .and_then(|id| self.agents.get(id))
-            {
-                return Ok((self.view_of(rec), true));
-            }
+        if let Some(earlier) = self.earlier_spawn(&tenant, &spec) {
+            return Ok((earlier, true));
         }
-        self.check_spec(&spec)?;
-        if let Some(from) = &from {
-            self.check_continuable(&tenant, from, &spec)?;
+        let place = self.check_spawn(&tenant, &spec, from.as_ref())?;
+        let record = self.new_record(tenant, spec, from, place, now);
+        let id = self.index_new(record);
+        self.place_new(id);
+        Ok((self.view(id).expect("agent was just inserted"), false))
+    }
+
+    /// A retry whose first response was lost gets the first agent (by
+    /// idempotency key), even if its parent has ended or the config
+    /// changed since.
+    fn earlier_spawn(&self, tenant: &Arc<str>, spec: &SpawnSpec) -> Option<AgentView> {
+        let key = spec.idempotency_key.as_deref()?;
+        let parent_key = match (spec.parent_id, spec.lead_id.as_deref()) {
+            (Some(pid), _) => ParentKey::Agent(pid),
+            (None, Some(lead)) => ParentKey::Lead(tenant.clone(), lead.into()),
+            (None, None) => ParentKey::None,
+        };
+        self.idempotency
+            .get(&(tenant.clone(), parent_key, Arc::from(key)))
+            .and_then(|id| self.agents.get(id))
+            .map(|rec| self.view_of(rec))
+    }
+
+    /// Every check of a Spawn, before anything changes: the spec, a
+    /// continuation's, the parent (exists, live), depth, tree size, the
+    /// tenant's and the global cap, and last the tenant's spawn rate (only
+    /// a Spawn every other check admits takes a token). Returns where the
+    /// agent goes in its tree.
+    fn check_spawn(
+        &mut self,
+        tenant: &Arc<str>,
+        spec: &SpawnSpec,
+        from: Option<&Continued>,
+    ) -> Result<Placement, Error> {
+        self.check_spec(spec)?;
+        if let Some(from) = from {
+            self.check_continuable(tenant, from, spec)?;
         }
-        let parent = match spec.parent_id {
-            Some(pid) => {
-                // Another tenant's agent is not a parent: it does not exist
-                // for this caller.
-                let p = self
-                    .agents
-                    .get(&pid)
-                    .filter(|p| p.view.tenant == tenant)
-                    .ok_or(Error::NotFound {
-                        field: "parent_id",
-                        id: pid.to_string(),
-                    })?;
-                if p.view.status.is_terminal() {
-                    return Err(Error::AgentFinished {
-                        field: "parent_id",
-                        id: pid.to_string(),
-                        status: p.view.status,
-                    });
-                }
-                Some(p)
-            }
-            None => None,
-        };
-        let (parent_key, root_id, lead_id, depth) = match parent {
-            Some(p) => (
-                ParentKey::Agent(p.view.id),
-                Some(p.view.root_id),
-                p.view.lead_id.clone(),
-                p.view.depth + 1,
-            ),
-            None => {
-                let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
-                let key = lead.clone().map_or(ParentKey::None, |lead| {
-                    ParentKey::Lead(tenant.clone(), lead)
-                });
-                (key, None, lead, 1)
-            }
-        };
-        let idem_key = spec.idempotency_key.as_deref().map(Arc::<str>::from);
-        if depth > self.limits.max_depth {
+        let place = self.placement(tenant, spec)?;
+        if place.depth > self.limits.max_depth {
             return Err(Error::DepthLimit {
                 limit: self.limits.max_depth,
-                depth,
+                depth: place.depth,
             });
         }
         let tree_limit = self.limits.max_live_descendants_per_root;
-        if let Some(root) = root_id {
+        if let Some(root) = place.root_id {
             let live = self.tree_live.get(&root).copied().unwrap_or(0);
             if tree_limit != 0 && live >= tree_limit {
                 return Err(Error::DescendantLimit {
@@ -118,12 +101,12 @@ impl Core {
                 });
             }
         }
-        let own = self.tenant_limits.get(&*tenant).copied();
+        let own = self.tenant_limits.get(&**tenant).copied();
         if let Some(own) = own.filter(|t| spec.background && t.max_background_agents > 0) {
-            let live = self.tenant_live.get(&tenant).copied().unwrap_or(0);
+            let live = self.tenant_live.get(tenant).copied().unwrap_or(0);
             if live >= own.max_background_agents {
                 return Err(Error::TenantLimit {
-                    tenant,
+                    tenant: tenant.clone(),
                     limit: own.max_background_agents,
                     live,
                 });
@@ -135,11 +118,63 @@ impl Core {
                 live: self.live_background,
             });
         }
-        // Last: only a Spawn every other check admits takes a token.
         if let Some(own) = own.filter(|t| t.spawn_rate > 0.0) {
-            self.take_spawn_token(&tenant, own)?;
+            self.take_spawn_token(tenant, own)?;
         }
+        Ok(place)
+    }
 
+    /// Where a new agent sits: under its parent (which must exist in the
+    /// tenant and be live), or a root of its lead.
+    fn placement(&self, tenant: &Arc<str>, spec: &SpawnSpec) -> Result<Placement, Error> {
+        let Some(pid) = spec.parent_id else {
+            let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
+            let parent_key = lead.clone().map_or(ParentKey::None, |lead| {
+                ParentKey::Lead(tenant.clone(), lead)
+            });
+            return Ok(Placement {
+                parent_key,
+                root_id: None,
+                lead_id: lead,
+                depth: 1,
+            });
+        };
+        // Another tenant's agent is not a parent: it does not exist for
+        // this caller.
+        let p = self
+            .agents
+            .get(&pid)
+            .filter(|p| p.view.tenant == *tenant)
+            .ok_or(Error::NotFound {
+                field: "parent_id",
+                id: pid.to_string(),
+            })?;
+        if p.view.status.is_terminal() {
+            return Err(Error::AgentFinished {
+                field: "parent_id",
+                id: pid.to_string(),
+                status: p.view.status,
+            });
+        }
+        Ok(Placement {
+            parent_key: ParentKey::Agent(p.view.id),
+            root_id: Some(p.view.root_id),
+            lead_id: p.view.lead_id.clone(),
+            depth: p.view.depth + 1,
+        })
+    }
+
+    /// The record of an admitted Spawn, QUEUED, with its trace context, its
+    /// admission sequence and its conversation turn (begun, continued or
+    /// forked).
+    fn new_record(
+        &mut self,
+        tenant: Arc<str>,
+        spec: SpawnSpec,
+        from: Option<Continued>,
+        place: Placement,
+        now: SystemTime,
+    ) -> Record {
         let (trace, span) = self.trace_for(
             spec.parent_id
                 .and_then(|p| self.agents.get(&p))
@@ -162,38 +197,17 @@ impl Core {
             agent: self.intern(&spec.agent),
             model: self.intern(&spec.model),
             parent_id: spec.parent_id,
-            lead_id: lead_id.clone(),
+            lead_id: place.lead_id.clone(),
             labels: labels.clone(),
         };
-        let continuation = match from {
-            None => {
-                self.conversations
-                    .begin(id, tenant.clone(), inherited, prompt.clone(), now);
-                None
-            }
-            Some(from) => {
-                let (conversation_id, turn) = if spec.fork {
-                    let turn =
-                        self.conversations
-                            .fork(from.from, id, inherited, prompt.clone(), now);
-                    (id, turn)
-                } else {
-                    let turn = self.conversations.continue_with(
-                        from.from,
-                        id,
-                        inherited,
-                        prompt.clone(),
-                        now,
-                    );
-                    (from.from.conversation, turn)
-                };
-                Some(Arc::new(Continuation {
-                    conversation_id,
-                    continues_id: from.id,
-                    turn,
-                }))
-            }
-        };
+        let continuation = self.turn_of(
+            id,
+            &tenant,
+            from.map(|f| (f, spec.fork)),
+            inherited,
+            &prompt,
+            now,
+        );
         let view = AgentView {
             id,
             tenant,
@@ -201,9 +215,9 @@ impl Core {
             model: self.intern(&spec.model),
             description: self.text(spec.description),
             parent_id: spec.parent_id,
-            root_id: root_id.unwrap_or(id),
-            lead_id,
-            depth,
+            root_id: place.root_id.unwrap_or(id),
+            lead_id: place.lead_id,
+            depth: place.depth,
             status: AgentStatus::Queued,
             created_at: now,
             started_at: None,
@@ -219,33 +233,78 @@ impl Core {
             queue_reason: None,
             worker_id: None,
             attempt: 0,
-            bucket: bucket.clone(),
+            bucket,
             trace_id: trace.trace_id,
             continuation,
             attempts: None,
         };
-        let record = Record {
+        let idem_key = spec.idempotency_key.as_deref().map(Arc::<str>::from);
+        Record {
             view,
             seq,
-            parent_key: parent_key.clone(),
+            parent_key: place.parent_key,
             runner,
             prompt: Some(prompt),
             timeout_ms: Record::timeout_ms(spec.timeout.unwrap_or(self.runs.default_timeout)),
-            rare: Record::rare(Vec::new(), idem_key.clone()),
+            rare: Record::rare(Vec::new(), idem_key),
             run: None,
             children: Vec::new(),
             span_id: trace.span_id,
             sampled: trace.sampled,
             span,
+        }
+    }
+
+    /// The new agent's conversation turn: a conversation of its own, or
+    /// the next turn of the one it continues (or a fork of it: `from`'s
+    /// flag).
+    fn turn_of(
+        &mut self,
+        id: AgentId,
+        tenant: &Arc<str>,
+        from: Option<(Continued, bool)>,
+        inherited: Inherited,
+        prompt: &Arc<str>,
+        now: SystemTime,
+    ) -> Option<Arc<Continuation>> {
+        let Some((from, fork)) = from else {
+            self.conversations
+                .begin(id, tenant.clone(), inherited, prompt.clone(), now);
+            return None;
         };
-        if let Some(pid) = spec.parent_id {
+        let (conversation_id, turn) = if fork {
+            let turn = self
+                .conversations
+                .fork(from.from, id, inherited, prompt.clone(), now);
+            (id, turn)
+        } else {
+            let turn =
+                self.conversations
+                    .continue_with(from.from, id, inherited, prompt.clone(), now);
+            (from.from.conversation, turn)
+        };
+        Some(Arc::new(Continuation {
+            conversation_id,
+            continues_id: from.id,
+            turn,
+        }))
+    }
+
+    /// Puts a new record in every index (its parent's children, the
+    /// idempotency key, its lead's live set, admission order, the lead,
+    /// tree and status indexes) with the slots QUEUED holds.
+    fn index_new(&mut self, record: Record) -> AgentId {
+        let (id, seq) = (record.view.id, record.seq);
+        if let Some(pid) = record.view.parent_id {
             if let Some(p) = self.agents.get_mut(&pid) {
                 p.children.push(id);
             }
         }
-        if let Some(k) = idem_key {
-            self.idempotency
-                .insert((record.view.tenant.clone(), parent_key.clone(), k), id);
+        if let Some(k) = record.idempotency_key().cloned() {
+            self.idempotency.insert(
+                (record.view.tenant.clone(), record.parent_key.clone(), k),
+                id,
+            );
         }
         if let Some(lead) = &record.view.lead_id {
             self.lead_live
@@ -253,6 +312,7 @@ impl Core {
                 .or_default()
                 .insert(id);
         }
+        let background = record.view.background;
         self.agents.insert(id, Box::new(record));
         let rec = &self.agents[&id];
         self.order.insert(&rec.view.tenant, seq, id);
@@ -263,19 +323,24 @@ impl Core {
         self.by_status
             .moved(&rec.view.tenant, seq, id, None, AgentStatus::Queued);
         // A new agent enters in QUEUED; account for the slots QUEUED holds.
-        self.acquire(id, Held::of(AgentStatus::Queued, spec.background));
-        self.stats.spawned(&self.agents[&id].view.tenant, &bucket);
+        self.acquire(id, Held::of(AgentStatus::Queued, background));
+        let rec = &self.agents[&id];
+        self.stats.spawned(&rec.view.tenant, &rec.view.bucket);
+        id
+    }
 
+    /// Starts a new agent when its limits have room, else queues it (with
+    /// a QUEUED event); then starts whatever else may start.
+    fn place_new(&mut self, id: AgentId) {
         let mut dirty = Dirty::default();
         if self.can_start(&self.agents[&id]) {
             self.start(id, &mut dirty);
         } else {
             let rec = &self.agents[&id];
-            self.queue.push(seq, id, rec.sub_key());
+            self.queue.push(rec.seq, id, rec.sub_key());
             self.publish(id, EventKind::Queued);
         }
         self.drain(dirty);
-        Ok((self.view(id).expect("agent was just inserted"), false))
     }
 
     /// A new agent's trace context, and its span record when spans are
@@ -724,4 +789,13 @@ struct Continued {
     id: AgentId,
     from: Place,
     agent: Arc<str>,
+}
+
+/// Where an admitted agent sits in its tree.
+struct Placement {
+    parent_key: ParentKey,
+    /// None for a root (its own id).
+    root_id: Option<AgentId>,
+    lead_id: Option<Arc<str>>,
+    depth: u32,
 }
