@@ -14,10 +14,7 @@ use super::{
     status::{reason_of, watch_lagged},
 };
 use crate::pb::{self, agent_service_server::AgentService};
-use crate::scheduler::durability::Durability;
-use crate::scheduler::{
-    trace::SpawnTrace, AgentFilter, Error, Event, Received, Scheduler, WatchLive,
-};
+use crate::scheduler::{trace::SpawnTrace, Error, Event, Received, Scheduler, WatchLive};
 use crate::telemetry::metrics::ApiMetrics;
 use crate::wire;
 
@@ -67,12 +64,9 @@ impl AgentServiceImpl {
         let q = wire::parse_watch(request.into_inner(), tenant)?;
         let sub = self.scheduler.watch_agents(&q, principal.tenant.clone())?;
         let state = WatchState {
-            durability: self.scheduler.durability().cloned(),
             initial_ticket: Some(sub.ticket),
-            resume_after: sub.position,
             initial: sub.initial.into_iter(),
             live: sub.live,
-            filter: q.filter,
             shutdown: self.shutdown.clone(),
             done: false,
             metrics: self.metrics.clone(),
@@ -250,19 +244,13 @@ impl AgentService for AgentServiceImpl {
 /// One subscriber's position: initial events first, then live ones that
 /// pass its filter.
 struct WatchState {
-    /// With a store: an event is sent only once it is durable, so a
-    /// watcher never sees what a crash could take back.
-    durability: Option<Durability>,
     /// The subscription's own change (snapshot sequence numbers), waited
     /// for before the first event; None once waited.
     initial_ticket: Option<u64>,
     initial: std::vec::IntoIter<Arc<Event>>,
-    /// Lifecycle events, plus progress if the subscriber asked for it
-    /// (all events, or only the matching ones for a routed filter).
+    /// Lifecycle events, plus progress if the subscriber asked for it,
+    /// durable and filtered by the scheduler (`WatchLive::settle`).
     live: WatchLive,
-    filter: AgentFilter,
-    /// Sequence a client should resume after if cut off now.
-    resume_after: u64,
     shutdown: CancellationToken,
     done: bool,
     metrics: ApiMetrics,
@@ -283,8 +271,8 @@ impl WatchState {
         if self.done {
             return None;
         }
-        if let (Some(d), Some(ticket)) = (&self.durability, self.initial_ticket.take()) {
-            if d.wait(ticket).await.is_err() {
+        if let Some(ticket) = self.initial_ticket.take() {
+            if self.live.initial_durable(ticket).await.is_err() {
                 return self.store_failed();
             }
         }
@@ -312,22 +300,15 @@ impl WatchState {
                 }
             };
             match received {
-                Received::Event(event) => {
-                    if let Some(d) = &self.durability {
-                        if d.wait_sequence(event.sequence).await.is_err() {
-                            return self.store_failed();
-                        }
-                    }
-                    // Seen, matching or not: a resume starts after it.
-                    self.resume_after = event.sequence;
-                    if self.filter.matches(&event.agent) {
-                        return Some((Ok(wire::event_wire(&event)), self));
-                    }
-                }
+                Received::Event(event) => match self.live.settle(event).await {
+                    Ok(Some(event)) => return Some((Ok(wire::event_wire(&event)), self)),
+                    Ok(None) => {}
+                    Err(_) => return self.store_failed(),
+                },
                 Received::Lagged(missed) => {
                     self.done = true;
                     self.metrics.watch_lagged();
-                    let status = watch_lagged(missed, self.resume_after);
+                    let status = watch_lagged(missed, self.live.resume_after());
                     return Some((Err(status), self));
                 }
                 Received::Closed | Received::Empty => return None,

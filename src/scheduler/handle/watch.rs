@@ -1,6 +1,8 @@
-//! WatchAgents subscriptions through the handle: the initial events, the
-//! live receiver, and the unsubscribe (and the tenant's watcher count) on
-//! drop.
+//! WatchAgents subscriptions through the handle, the one owner of what a
+//! watcher is sent: the initial events, live events once they are durable
+//! and only those the subscription's filter matches, the position a
+//! client resumes after, and the unsubscribe (and the tenant's watcher
+//! count) on drop.
 
 use std::sync::Arc;
 
@@ -8,7 +10,7 @@ use super::Scheduler;
 use crate::scheduler::{
     error::Error,
     events::{Event, Live, Received},
-    types::WatchQuery,
+    types::{AgentFilter, WatchQuery},
 };
 
 impl Scheduler {
@@ -22,6 +24,8 @@ impl Scheduler {
                 live: sub.live,
                 scheduler: self.clone(),
                 watcher: None,
+                filter: query.filter.clone(),
+                resume_after: sub.position,
             },
             position: sub.position,
             ticket,
@@ -41,6 +45,8 @@ impl Scheduler {
                 live: sub.live,
                 scheduler: self.clone(),
                 watcher: Some(tenant),
+                filter: query.filter.clone(),
+                resume_after: sub.position,
             },
             position: sub.position,
             ticket,
@@ -69,9 +75,41 @@ pub struct WatchLive {
     scheduler: Scheduler,
     /// The tenant whose watcher count it holds (API streams only).
     watcher: Option<Arc<str>>,
+    /// What the subscriber asked for: a live event it does not match is
+    /// seen (a resume starts after it) but not yielded.
+    filter: AgentFilter,
+    /// The sequence a client resumes after if cut off now.
+    resume_after: u64,
 }
 
 impl WatchLive {
+    /// Returns once the change numbered `ticket` (the subscription's own:
+    /// a snapshot draws sequence numbers) is durable; at once without a
+    /// store.
+    pub async fn initial_durable(&self, ticket: u64) -> Result<(), Error> {
+        self.scheduler.durable(ticket).await
+    }
+
+    /// A received live event once it is durable (a watcher never sees
+    /// what a crash could take back), when the subscription's filter
+    /// matches it; None for one it does not. `STORE_FAILED` when the store
+    /// failed first.
+    pub async fn settle(&mut self, event: Arc<Event>) -> Result<Option<Arc<Event>>, Error> {
+        if let Some(d) = self.scheduler.durability() {
+            if d.wait_sequence(event.sequence).await.is_err() {
+                return Err(Error::StoreFailed);
+            }
+        }
+        // Seen, matching or not: a resume starts after it.
+        self.resume_after = event.sequence;
+        Ok(self.filter.matches(&event.agent).then_some(event))
+    }
+
+    /// The sequence a client should resume after if cut off now.
+    pub fn resume_after(&self) -> u64 {
+        self.resume_after
+    }
+
     /// Waits for the next event (see [`Live::recv`]).
     pub async fn recv(&mut self) -> Received {
         self.live.recv().await
