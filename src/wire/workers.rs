@@ -212,3 +212,115 @@ pub fn welcome_to_pb(worker_id: WorkerId) -> pb::ConnectResponse {
         })),
     }
 }
+
+// The worker process's side of the protocol (`subagentd worker`): what it
+// sends up its session.
+
+/// One message up a worker's session.
+pub fn up(message: pb::connect_request::Message) -> pb::ConnectRequest {
+    pb::ConnectRequest {
+        message: Some(message),
+    }
+}
+
+/// A worker's hello: its name, the types it runs, its capacity and labels,
+/// and the runs it still holds (agent id, attempt) for a re-attach.
+pub fn hello<'a>(
+    name: &str,
+    agents: impl IntoIterator<Item = &'a String>,
+    capacity: u32,
+    labels: &std::collections::HashMap<String, String>,
+    held: impl IntoIterator<Item = (&'a String, u32)>,
+) -> pb::ConnectRequest {
+    up(pb::connect_request::Message::Hello(pb::WorkerHello {
+        name: name.to_owned(),
+        agents: agents.into_iter().cloned().collect(),
+        capacity,
+        labels: labels.clone(),
+        held_runs: held
+            .into_iter()
+            .map(|(agent_id, attempt)| pb::HeldRun {
+                agent_id: agent_id.clone(),
+                attempt,
+            })
+            .collect(),
+    }))
+}
+
+/// A worker's notice that it is stopping: assign it nothing more.
+pub fn drain(reason: &str) -> pb::ConnectRequest {
+    up(pb::connect_request::Message::Drain(pb::WorkerDrain {
+        reason: reason.to_owned(),
+    }))
+}
+
+/// Report number `seq` of a run's attempt.
+pub fn run_event(
+    agent_id: &str,
+    seq: u64,
+    attempt: u32,
+    event: pb::run_event::Event,
+) -> pb::RunEvent {
+    pb::RunEvent {
+        agent_id: agent_id.to_owned(),
+        seq,
+        attempt,
+        event: Some(event),
+    }
+}
+
+/// A run's output chunk (empty: still working).
+pub fn output(chunk: &str) -> pb::run_event::Event {
+    pb::run_event::Event::Output(chunk.to_owned())
+}
+
+/// A run's tool call.
+pub fn tool_call(name: &str, input_digest: &str) -> pb::run_event::Event {
+    pb::run_event::Event::ToolCall(pb::ToolCall {
+        name: name.to_owned(),
+        input_digest: input_digest.to_owned(),
+    })
+}
+
+/// A run starts a turn.
+pub fn turn_started() -> pb::run_event::Event {
+    pb::run_event::Event::TurnStarted(pb::TurnStarted {})
+}
+
+/// Tokens a run used; None for none.
+pub fn usage(usage: Usage) -> Option<pb::run_event::Event> {
+    (usage.input_tokens > 0 || usage.output_tokens > 0).then_some(pb::run_event::Event::Usage(
+        pb::TokenUsage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        },
+    ))
+}
+
+/// A run asks for a decision on a tool call.
+pub fn approval_request(tool_name: &str, detail: &str) -> pb::run_event::Event {
+    pb::run_event::Event::ApprovalRequest(pb::ApprovalRequest {
+        tool_name: tool_name.to_owned(),
+        detail: detail.to_owned(),
+    })
+}
+
+/// A run ended with its result, and the session it reported.
+pub fn done(result: String, session: String) -> pb::run_event::Event {
+    pb::run_event::Event::Done(pb::RunDone { result, session })
+}
+
+/// A run failed.
+pub fn failed(
+    code: &str,
+    message: String,
+    session: String,
+    retryable: bool,
+) -> pb::run_event::Event {
+    pb::run_event::Event::Failed(pb::RunFailed {
+        code: code.to_owned(),
+        message,
+        session,
+        retryable,
+    })
+}

@@ -344,34 +344,22 @@ impl Worker {
         let mut state = self.state.lock();
         let mut held: Vec<_> = state.runs.iter().collect();
         held.sort_by(|a, b| a.0.cmp(b.0));
-        let up = |message| pb::ConnectRequest {
-            message: Some(message),
-        };
-        let hello = pb::WorkerHello {
-            name: self.name.clone(),
-            agents: self.agents.keys().cloned().collect(),
-            capacity: self.capacity,
-            labels: self.labels.clone(),
-            held_runs: held
-                .iter()
-                .map(|(id, run)| pb::HeldRun {
-                    agent_id: (*id).clone(),
-                    attempt: run.attempt,
-                })
-                .collect(),
-        };
         // A send fails only when the session already broke; the next one
         // sends all of it again.
-        let _ = tx.send(up(Up::Hello(hello)));
+        let _ = tx.send(wire::workers::hello(
+            &self.name,
+            self.agents.keys(),
+            self.capacity,
+            &self.labels,
+            held.iter().map(|(id, run)| (*id, run.attempt)),
+        ));
         for (_, run) in &held {
             for event in &run.events {
-                let _ = tx.send(up(Up::Event(event.clone())));
+                let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
             }
         }
         if state.draining {
-            let _ = tx.send(up(Up::Drain(pb::WorkerDrain {
-                reason: "draining".into(),
-            })));
+            let _ = tx.send(wire::workers::drain("draining"));
         }
         state.session = Some((number, tx));
     }
@@ -524,8 +512,9 @@ impl Worker {
                 }
             };
             match outcome {
-                Some(Ok(result)) => reports
-                    .report_with_session(|session, _| Event::Done(pb::RunDone { result, session })),
+                Some(Ok(result)) => {
+                    reports.report_with_session(|session, _| wire::workers::done(result, session))
+                }
                 Some(Err(e)) => reports.fail(&e.code, e.message.to_string()),
                 // Confirms the stop, so the server frees the slot at once
                 // (it ignores the content).
@@ -544,11 +533,7 @@ impl Worker {
             let mut state = self.state.lock();
             state.draining = true;
             if let Some((_, tx)) = &state.session {
-                let _ = tx.send(pb::ConnectRequest {
-                    message: Some(Up::Drain(pb::WorkerDrain {
-                        reason: reason.to_owned(),
-                    })),
-                });
+                let _ = tx.send(wire::workers::drain(reason));
             }
             state.runs.len()
         };
@@ -631,17 +616,15 @@ impl Reports {
         }
         before(run);
         run.finished = matches!(event, Event::Done(_) | Event::Failed(_));
-        let event = pb::RunEvent {
-            agent_id: self.agent_id.clone(),
-            seq: run.events.len() as u64 + 1,
-            attempt: self.attempt,
-            event: Some(event),
-        };
+        let event = wire::workers::run_event(
+            &self.agent_id,
+            run.events.len() as u64 + 1,
+            self.attempt,
+            event,
+        );
         if let Some((_, tx)) = session {
             // Order: under the lock, so numbers go out as assigned.
-            let _ = tx.send(pb::ConnectRequest {
-                message: Some(Up::Event(event.clone())),
-            });
+            let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
         }
         run.events.push(event);
         true
@@ -667,12 +650,7 @@ impl Reports {
 
     fn fail(&self, code: &str, message: String) {
         self.report_with_session(|session, retryable| {
-            Event::Failed(pb::RunFailed {
-                code: code.to_owned(),
-                message,
-                session,
-                retryable,
-            })
+            wire::workers::failed(code, message, session, retryable)
         });
     }
 
@@ -688,18 +666,15 @@ impl Reports {
 
 impl RemoteReports for Reports {
     fn output(&self, chunk: &str) {
-        self.report(Event::Output(chunk.to_owned()));
+        self.report(wire::workers::output(chunk));
     }
 
     fn tool_call(&self, name: &str, input_digest: &str) {
-        self.report(Event::ToolCall(pb::ToolCall {
-            name: name.to_owned(),
-            input_digest: input_digest.to_owned(),
-        }));
+        self.report(wire::workers::tool_call(name, input_digest));
     }
 
     fn turn_started(&self) {
-        self.report(Event::TurnStarted(pb::TurnStarted {}));
+        self.report(wire::workers::turn_started());
     }
 
     fn retryable_failure(&self) {
@@ -721,11 +696,8 @@ impl RemoteReports for Reports {
     }
 
     fn usage(&self, usage: Usage) {
-        if usage.input_tokens > 0 || usage.output_tokens > 0 {
-            self.report(Event::Usage(pb::TokenUsage {
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-            }));
+        if let Some(event) = wire::workers::usage(usage) {
+            self.report(event);
         }
     }
 
@@ -735,10 +707,7 @@ impl RemoteReports for Reports {
         detail: &str,
     ) -> BoxFuture<'static, ApprovalOutcome> {
         let (tx, rx) = oneshot::channel();
-        let request = Event::ApprovalRequest(pb::ApprovalRequest {
-            tool_name: tool_name.to_owned(),
-            detail: detail.to_owned(),
-        });
+        let request = wire::workers::approval_request(tool_name, detail);
         self.report_with(request, |run| run.approval = Some(tx));
         Box::pin(async move {
             match rx.await {
