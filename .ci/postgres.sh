@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throwaway PostgreSQL servers on loopback for the PostgreSQL store's tests
-# (src/store/postgres.rs): one server per CI run, one database per test.
+# (src/store/postgres/): one server per CI run, one database per test.
 #
 #   eval "$(.ci/postgres.sh start)"       # starts it; sets SUBAGENTD_TEST_POSTGRES
 #   .ci/postgres.sh stop                  # stops it and removes its data

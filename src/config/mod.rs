@@ -263,8 +263,11 @@ impl ConfigSource {
 impl Config {
     /// Checks every rule; the error names the first broken key and its rule.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.server.validate()?;
+        // Each section checks its own keys; the order is the one the checks
+        // always ran in, so the first broken key reported stays the same.
+        self.server.validate_listen()?;
         self.auth.validate()?;
+        self.server.validate_tls_and_health()?;
         // Rules across sections.
         if self.telemetry.metrics_tls && !self.server.tls.enabled() {
             return Err(invalid(
@@ -279,6 +282,7 @@ impl Config {
                  client_auth = \"optional\" or \"required\"",
             ));
         }
+        self.server.validate_http2_limits()?;
         for (name, tenant) in &self.tenants {
             tenant.validate(name)?;
         }
@@ -289,6 +293,7 @@ impl Config {
         for (name, agent) in &self.agents {
             agent.validate(name)?;
         }
+        self.server.validate_keepalive()?;
         self.telemetry.validate()?;
         self.store.validate()?;
         self.ha.validate()

@@ -57,7 +57,6 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         ))),
         _ => None,
     };
-    let sweeper = background::sweeper(scheduler.clone());
     let parts = router::Parts {
         listener,
         scheduler: scheduler.clone(),
@@ -73,6 +72,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         shutdown: shutdown.clone(),
     };
     let server = router::serve(&config, parts)?;
+    let sweeper = background::sweeper(scheduler.clone());
     let health_addr = health_listener(&config, health_service, &shutdown, &mut tasks).await?;
     let store_failed = CancellationToken::new();
     let writer = Arc::new(Mutex::new(None));
