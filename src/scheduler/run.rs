@@ -9,9 +9,9 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+pub use super::durable::ProcessGroup;
 use super::{
     conversation::History,
-    durable::ProcessGroup,
     error::Error,
     inbox::SteerInbox,
     types::{AgentError, AgentId, AgentView, ApprovalOutcome, TurnVerdict, Usage},
