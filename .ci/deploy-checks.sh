@@ -300,6 +300,8 @@ BAD_CASES=(
   'conversation retention 0s|/conversations/retention|conversations:\n  retention: 0s'
   'retryOnRestart on a worker type|invalid propertyName '"'"'retryOnRestart'"'"'|agents:\n  w:\n    runner: worker\n    retryOnRestart: 1'
   'retryOnRestart in worker.agents|/worker/agents/w|worker:\n  agents:\n    w:\n      runner: simulated\n      retryOnRestart: 1'
+  'defaultModel in worker.agents|/worker/agents/w|worker:\n  agents:\n    w:\n      runner: simulated\n      defaultModel: acme/m'
+  'a default model without a provider|/agents/w/defaultModel|agents:\n  w:\n    runner: simulated\n    defaultModel: gpt'
   'a JWT issuer without a JWKS URL|/auth/jwt/jwksUrl|auth:\n  jwt:\n    issuer: https://login.example.com/\n    audience: subagentd'
   'ha lease 0s|/ha/leaseTtl|ha:\n  leaseTtl: 0s'
   'a PostgreSQL TLS Secret key with a slash|/store/postgres/tls/caKey|store:\n  postgres:\n    tls:\n      caSecret: pg-ca\n      caKey: a/b'
@@ -792,6 +794,10 @@ EXCLUDED = {
         # The server's keys ([agents.NAME] of its config): the worker refuses them.
         "agents.*.retry_on_worker_lost",
         "agents.*.retry_on_restart",
+        # The model a Spawn gets and what a type is for are the server's
+        # (what its clients see); the worker refuses them too.
+        "agents.*.default_model",
+        "agents.*.description",
         # A worker serves no metrics: the chart renders metrics_listen = "".
         "telemetry.metrics_token_file",
         "telemetry.metrics_tls",

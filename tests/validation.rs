@@ -147,6 +147,61 @@ async fn spawn_with_a_model_not_of_the_form_provider_slash_model_is_invalid() {
     w.shutdown().await;
 }
 
+/// `[agents.NAME] default_model`: a Spawn that names no model gets it; a
+/// type without one still needs the model, and the refusal says why.
+#[tokio::test]
+async fn spawn_without_a_model_gets_its_types_default_model_or_is_invalid_naming_model() {
+    let mut w = World::start(
+        "[agents.simulated]\nrunner = \"simulated\"\n\
+         description = \"Scripted runs for tests\"\n\
+         [agents.plain]\nrunner = \"simulated\"\n\
+         [agents.defaulted]\nrunner = \"simulated\"\ndefault_model = \"acme/default\"\n",
+    )
+    .await;
+    for agent in ["simulated", "plain"] {
+        let err = spawn_err(
+            &mut w.s.client,
+            pb::SpawnRequest {
+                agent: agent.into(),
+                ..bg("", "output hi")
+            },
+        )
+        .await;
+        assert_invalid(&err, "model");
+        assert!(
+            err.message().contains("has no default_model"),
+            "{agent}: {}",
+            err.message()
+        );
+    }
+    w.assert_unchanged().await;
+    let spawned = spawn(
+        &mut w.s.client,
+        pb::SpawnRequest {
+            agent: "defaulted".into(),
+            ..bg("", "output hi")
+        },
+    )
+    .await;
+    assert_eq!(spawned.model, "acme/default");
+    let settled = await_all(&mut w.s.client, &[&spawned.id]).await.remove(0);
+    assert_eq!(
+        (settled.model.as_str(), settled.result.as_str()),
+        ("acme/default", "hi")
+    );
+    // A model named in the request wins over the default.
+    let named = spawn(
+        &mut w.s.client,
+        pb::SpawnRequest {
+            agent: "defaulted".into(),
+            ..bg("acme/named", "output hi")
+        },
+    )
+    .await;
+    assert_eq!(named.model, "acme/named");
+    w.shutdown().await;
+}
+
 #[tokio::test]
 async fn spawn_without_an_agent_type_is_invalid() {
     let mut w = World::start("").await;

@@ -100,6 +100,14 @@ pub struct AgentTypeConfig {
     /// 1 MiB); the rest is cut with a marker while the run goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// The model a Spawn of this type gets when it names none
+    /// ("provider/model"). Without one, a Spawn must name its model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_model: Option<String>,
+    /// What the type is for, in a sentence or two for a lead model that
+    /// picks a type (at most 1 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// Models to move to, in order, when a run fails with a retryable
     /// provider error (rate limit or quota, 5xx, overloaded, unknown
     /// model, missing credentials), each "provider/model".
@@ -151,6 +159,9 @@ pub struct AgentTypeConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuable: Option<bool>,
 }
+
+/// Longest `[agents.NAME] description`, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 1024;
 
 /// Default `[agents.NAME] grace_turns`.
 pub const DEFAULT_GRACE_TURNS: u32 = 5;
@@ -240,6 +251,27 @@ impl AgentTypeConfig {
                 format!("agents.{name}.retry_on_worker_lost"),
                 "applies only to runner = \"worker\"",
             ));
+        }
+        if let Some(model) = &self.default_model {
+            if ModelRef::parse(model).is_none() {
+                return Err(invalid(
+                    format!("agents.{name}.default_model"),
+                    format!(
+                        "must be \"provider/model\" with both parts non-empty (got \"{model}\")"
+                    ),
+                ));
+            }
+        }
+        if let Some(description) = &self.description {
+            if description.len() > MAX_DESCRIPTION_BYTES {
+                return Err(invalid(
+                    format!("agents.{name}.description"),
+                    format!(
+                        "is {} bytes; at most {MAX_DESCRIPTION_BYTES} allowed",
+                        description.len()
+                    ),
+                ));
+            }
         }
         if self.retry_on_restart > 0 && self.runner == RunnerKind::Worker {
             return Err(invalid(

@@ -31,6 +31,7 @@ use self::agents::default_agents;
 pub use self::agents::{
     AgentTypeConfig, PromptInput, RunnerKind, SteerInput, DEFAULT_AGENT_TYPE, DEFAULT_GRACE_TURNS,
     DEFAULT_KILL_GRACE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WRAP_UP_MESSAGE,
+    MAX_DESCRIPTION_BYTES,
 };
 pub use self::conversations::{
     ConversationsConfig, DEFAULT_MAX_TRANSCRIPT_BYTES, DEFAULT_RETENTION, MIN_MAX_TRANSCRIPT_BYTES,
@@ -729,5 +730,31 @@ mod tests {
             ConfigSource::from_toml_str("[limits.provider_concurrency]\nanthropic = 2\n").unwrap();
         let again = ConfigSource::from_toml_str(&c.to_toml()).unwrap();
         assert_eq!(c, again);
+    }
+
+    #[test]
+    fn an_agent_types_default_model_and_description_are_checked() {
+        let key_of = |toml: &str| match ConfigSource::from_toml_str(toml) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{toml}: {other:?}"),
+        };
+        assert_eq!(
+            key_of("[agents.a]\nrunner = \"simulated\"\ndefault_model = \"gpt\"\n"),
+            "agents.a.default_model"
+        );
+        let long = "x".repeat(MAX_DESCRIPTION_BYTES + 1);
+        assert_eq!(
+            key_of(&format!(
+                "[agents.a]\nrunner = \"simulated\"\ndescription = \"{long}\"\n"
+            )),
+            "agents.a.description"
+        );
+        let ok = ConfigSource::from_toml_str(&format!(
+            "[agents.a]\nrunner = \"simulated\"\ndefault_model = \"acme/small\"\n\
+             description = \"{}\"\n",
+            "x".repeat(MAX_DESCRIPTION_BYTES)
+        ))
+        .unwrap();
+        assert_eq!(ok.agents["a"].default_model.as_deref(), Some("acme/small"));
     }
 }

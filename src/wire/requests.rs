@@ -44,11 +44,12 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
     if req.fork && !continuing {
         v.add("fork", "needs continue_from: the agent to fork from");
     }
-    if req.model.is_empty() {
-        if !continuing {
-            v.add("model", "is required, as \"provider/model\"");
-        }
-    } else if req.model.len() <= MAX_KEY_BYTES && ModelRef::parse(&req.model).is_none() {
+    // An empty model is the agent type's `default_model` (or the continued
+    // agent's): the scheduler fills it in or refuses it.
+    if !req.model.is_empty()
+        && req.model.len() <= MAX_KEY_BYTES
+        && ModelRef::parse(&req.model).is_none()
+    {
         v.add(
             "model",
             format!(

@@ -131,6 +131,16 @@ impl WorkerConfig {
                     "belongs in the server's config",
                 ));
             }
+            // The model is the server's decision too; the description is
+            // for the server's clients.
+            for (k, set) in [
+                ("default_model", agent.default_model.is_some()),
+                ("description", agent.description.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(key(k), "belongs in the server's config"));
+                }
+            }
             agent.validate_command(name)?;
         }
         self.telemetry.validate()
@@ -231,6 +241,10 @@ mod tests {
         );
         assert!(err("[worker]\nbogus = 1\n[agents.a]\nrunner = \"simulated\"\n").contains("bogus"));
         assert!(err("[agents.a]\n").contains("runner"));
+        for key in ["default_model = \"acme/m\"", "description = \"d\""] {
+            let text = err(&format!("[agents.a]\nrunner = \"simulated\"\n{key}\n"));
+            assert!(text.contains("server's config"), "{key}: {text}");
+        }
         let c = WorkerConfig::from_toml_str(
             "[worker]\nname = \"w1\"\ncapacity = 4\ndrain_grace = \"2s\"\n\
              [agents.a]\nrunner = \"command\"\ncommand = [\"cat\"]\n",

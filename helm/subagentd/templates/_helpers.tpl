@@ -441,6 +441,12 @@ worker's worker.agents): the same keys in both files.
 
 [agents.{{ toJson $name }}]
 runner = {{ include "subagentd.tomlString" $agent.runner }}
+{{- if hasKey $agent "defaultModel" }}
+default_model = {{ include "subagentd.tomlString" $agent.defaultModel }}
+{{- end }}
+{{- if hasKey $agent "description" }}
+description = {{ include "subagentd.tomlString" $agent.description }}
+{{- end }}
 {{- if hasKey $agent "continuable" }}
 continuable = {{ $agent.continuable }}
 {{- end }}

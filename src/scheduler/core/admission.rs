@@ -45,11 +45,37 @@ impl Core {
         if let Some(earlier) = self.earlier_spawn(&tenant, &spec) {
             return Ok((earlier, true));
         }
+        self.default_model(&mut spec)?;
         let place = self.check_spawn(&tenant, &spec, from.as_ref())?;
         let record = self.new_record(tenant, spec, from, place, now);
         let id = self.index_new(record);
         self.place_new(id);
         Ok((self.view(id).expect("agent was just inserted"), false))
+    }
+
+    /// A Spawn that names no model (and continues no agent whose model it
+    /// inherits) gets its type's `default_model`; without one it is
+    /// INVALID_ARGUMENT naming `model`. An unknown type is left to
+    /// `check_spec`, which names the known ones.
+    fn default_model(&self, spec: &mut SpawnSpec) -> Result<(), Error> {
+        if !spec.model.is_empty() {
+            return Ok(());
+        }
+        match self.agent_types.get(&spec.agent).map(|t| &t.default_model) {
+            Some(Some(model)) => spec.model.clone_from(model),
+            Some(None) => {
+                return Err(Error::Invalid(vec![FieldViolation::new(
+                    "model",
+                    format!(
+                        "is required, as \"provider/model\": agent type \"{}\" has no \
+                         default_model",
+                        spec.agent
+                    ),
+                )]))
+            }
+            None => {}
+        }
+        Ok(())
     }
 
     /// A retry whose first response was lost gets the first agent (by
