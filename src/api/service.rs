@@ -153,6 +153,16 @@ impl AgentService for AgentServiceImpl {
         Ok(Response::new(wire::transcript_to_pb(&page)))
     }
 
+    async fn get_server_info(
+        &self,
+        _request: Request<pb::GetServerInfoRequest>,
+    ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
+        Ok(Response::new(wire::server_info_to_pb(
+            env!("CARGO_PKG_VERSION"),
+            &self.scheduler.agent_types(),
+        )))
+    }
+
     async fn r#await(
         &self,
         request: Request<pb::AwaitRequest>,

@@ -16,6 +16,8 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/subagents.v1.AgentService/Steer", &[Frontend, Admin]),
     ("/subagents.v1.AgentService/Approve", &[Approver, Admin]),
     ("/subagents.v1.AgentService/GetTranscript", READERS),
+    // What the server is configured with: any authenticated caller.
+    ("/subagents.v1.AgentService/GetServerInfo", &Role::ALL),
     ("/subagents.v1.WorkerService/Connect", &[Worker]),
 ];
 

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod check;
 pub mod events;
 pub mod requests;
+pub mod server_info;
 pub mod transcript;
 pub mod workers;
 
@@ -23,6 +24,7 @@ pub use self::requests::{
     parse_steer, parse_watch, trace_context_from, AwaitQuery, CancelTarget, StatusQuery,
     TranscriptQuery,
 };
+pub use self::server_info::{runner_name, server_info_to_pb};
 pub use self::transcript::{history_from_assignment, history_to_pb, transcript_to_pb};
 pub use self::workers::{
     parse_hello, welcome_to_pb, worker_command_to_pb, worker_event_from_pb, MAX_WORKER_CAPACITY,

@@ -580,6 +580,14 @@ impl Core {
         }
     }
 
+    /// The configured agent types, by name (sorted), each as of now.
+    pub fn agent_types(&self) -> Vec<(String, Arc<AgentTypeConfig>)> {
+        self.agent_types
+            .iter()
+            .map(|(name, t)| (name.clone(), t.clone()))
+            .collect()
+    }
+
     /// Retention of finished agents.
     pub fn finished_retention(&self) -> Duration {
         self.runs.finished_retention

@@ -11,9 +11,10 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::Scheduler;
+use crate::config::AgentTypeConfig;
 use crate::scheduler::{
     conversation,
-    core::{Page, SteerDelivery},
+    core::{Core, Page, SteerDelivery},
     error::Error,
     types::{AgentFilter, AgentId, AgentView, ApprovalOutcome, Scope, SpawnSpec},
 };
@@ -29,6 +30,12 @@ pub enum AwaitMode {
 }
 
 impl Scheduler {
+    /// The configured agent types, by name, as of now (a reload changes
+    /// them).
+    pub fn agent_types(&self) -> Vec<(String, Arc<AgentTypeConfig>)> {
+        self.inspect(Core::agent_types)
+    }
+
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
     /// foreground spec it is already running).
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {

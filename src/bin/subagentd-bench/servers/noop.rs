@@ -117,6 +117,13 @@ impl AgentService for NoopAgentService {
         Err(unimplemented())
     }
 
+    async fn get_server_info(
+        &self,
+        _request: Request<pb::GetServerInfoRequest>,
+    ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
+        Err(unimplemented())
+    }
+
     type WatchAgentsStream = WatchStream;
 
     async fn watch_agents(
