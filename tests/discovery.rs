@@ -119,7 +119,8 @@ async fn reflection_v1_lists_the_api_and_serves_its_descriptor() {
             "Steer",
             "WatchAgents",
             "Approve",
-            "GetTranscript"
+            "GetTranscript",
+            "GetServerInfo"
         ]
     );
     s.handle.shutdown().await.unwrap();
