@@ -128,18 +128,9 @@ impl ServerTls {
 }
 
 impl ServerConfig {
-    /// Checks every rule; errors name the key. [`Config::validate`] runs
-    /// the four parts in its own order, interleaved with other sections',
-    /// so that a config with several broken keys names the same one first
-    /// as it always did.
-    ///
-    /// [`Config::validate`]: super::Config::validate
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_listen()?;
-        self.validate_tls_and_health()?;
-        self.validate_http2_limits()?;
-        self.validate_keepalive()
-    }
+    // Four parts, not one `validate`: [`super::Config::validate`] runs them
+    // in its own order, interleaved with other sections', so that a config
+    // with several broken keys names the same one first as it always did.
 
     /// `listen` is an address.
     pub fn validate_listen(&self) -> Result<(), ConfigError> {
