@@ -235,6 +235,7 @@ async fn an_await_whose_client_went_away_leaves_no_waiter_behind() {
                     nanos: 0,
                 }),
                 mode: 0,
+                ..Default::default()
             })
             .await
     });

@@ -130,6 +130,7 @@ async fn settled(client: &mut Client, id: &str) -> pb::Agent {
         ids: vec![id.to_owned()],
         timeout: Some(ms(10_000)),
         mode: pb::AwaitMode::All as i32,
+        ..Default::default()
     });
     let resp = tokio::time::timeout(GUARD + Duration::from_secs(5), call)
         .await

@@ -98,6 +98,7 @@ async fn an_await_past_its_call_deadline_is_deadline_exceeded_and_leaves_no_wait
             nanos: 0,
         }),
         mode: pb::AwaitMode::All as i32,
+        ..Default::default()
     });
     request.set_timeout(Duration::from_millis(200));
     let err = unenforced_client(s.handle.addr())
@@ -167,6 +168,7 @@ async fn a_call_the_client_resets_at_its_deadline_is_counted_deadline_exceeded()
         ids: vec![waiting.id.clone()],
         timeout: None,
         mode: pb::AwaitMode::All as i32,
+        ..Default::default()
     });
     request.set_timeout(timeout);
     // The client's own timer: it drops the call (RST_STREAM) when it fires,

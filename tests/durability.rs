@@ -682,3 +682,75 @@ async fn transcript_survives_a_sigkill(backend: &str) {
     assert!(lines[8].starts_with("turn 3 failed: "), "{lines:?}");
     assert_eq!(server.stop().await.code(), Some(0));
 }
+
+#[tokio::test]
+async fn a_collect_survives_a_sigkill_embedded() {
+    collect_survives_a_sigkill("embedded").await;
+}
+
+#[tokio::test]
+async fn a_collect_survives_a_sigkill_postgres() {
+    collect_survives_a_sigkill("postgres").await;
+}
+
+/// An inbox Await with `collect` is durable when it answers: after a
+/// SIGKILL the collected agent still shows its `collected_time`, and the
+/// lead's inbox returns only what was not collected before the crash.
+async fn collect_survives_a_sigkill(backend: &str) {
+    let Some(store) = Store::new(backend).await else {
+        return;
+    };
+    let toml = store.config();
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let under_lead = |prompt: &str| pb::SpawnRequest {
+        lead_id: "inbox-lead".into(),
+        ..common::bg("acme/m", prompt)
+    };
+    let first = common::spawn(&mut client, under_lead("output one")).await;
+    await_one(&mut client, &first.id).await;
+    let inbox = |collect: bool| pb::AwaitRequest {
+        lead_id: "inbox-lead".into(),
+        mode: pb::AwaitMode::Any as i32,
+        collect,
+        timeout: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        }),
+        ..Default::default()
+    };
+    let collected = client
+        .r#await(inbox(true))
+        .await
+        .expect("Await")
+        .into_inner();
+    assert_eq!(collected.agents.len(), 1, "{collected:?}");
+    assert!(collected.agents[0].collected_time.is_some());
+    // Settled before the crash, never collected.
+    let second = common::spawn(&mut client, under_lead("output two")).await;
+    await_one(&mut client, &second.id).await;
+
+    server.signal(Signal::SIGKILL);
+    let _ = server.exit_status().await;
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+
+    let first_after = await_one(&mut client, &first.id).await;
+    assert_eq!(
+        first_after.collected_time, collected.agents[0].collected_time,
+        "the collect outlived the crash"
+    );
+    let next = client
+        .r#await(inbox(true))
+        .await
+        .expect("Await")
+        .into_inner();
+    let ids: Vec<_> = next.agents.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, [second.id.as_str()], "only the uncollected one");
+    let again = client
+        .r#await(inbox(true))
+        .await
+        .expect("Await")
+        .into_inner();
+    assert!(again.timed_out && again.agents.is_empty(), "{again:?}");
+}

@@ -53,6 +53,7 @@ async fn await_mode(
         ids: ids.iter().map(|s| (*s).to_owned()).collect(),
         timeout: Some(ms(timeout_ms)),
         mode: mode as i32,
+        ..Default::default()
     });
     let limit = Duration::from_millis(u64::try_from(timeout_ms).unwrap()) + Duration::from_secs(10);
     tokio::time::timeout(limit, call)

@@ -273,6 +273,7 @@ async fn abandoned_unary_calls_are_counted() {
         ids: vec![id.clone()],
         timeout: None,
         mode: pb::AwaitMode::All as i32,
+        ..Default::default()
     };
     // A deadline: the client resets the call when it passes.
     let mut request = tonic::Request::new(await_req());

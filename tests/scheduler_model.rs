@@ -35,8 +35,8 @@ use subagentd::{
     config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig},
     scheduler::{
         core::Counters, AgentError, AgentFilter, AgentId, AgentStatus, AgentView, ApprovalOutcome,
-        Core, Error, Event, EventKind, Live, Received, ReportNumber, Scope, SpawnSpec, WatchQuery,
-        WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
+        Core, Error, Event, EventKind, InboxOf, Live, Received, ReportNumber, Scope, SpawnSpec,
+        WatchQuery, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
     },
 };
 use tokio::sync::{mpsc, oneshot};
@@ -177,6 +177,15 @@ enum Op {
     /// The server process dies (everything acknowledged was committed);
     /// a new core is rebuilt from the store and recovers the runs.
     Crash,
+    /// An inbox Await reads (and with the flag, collects) a lead's inbox
+    /// in a tenant, or an agent's children.
+    ReadInbox(InboxPick, bool),
+}
+
+#[derive(Debug, Clone)]
+enum InboxPick {
+    Lead(usize, usize),
+    Parent(Index),
 }
 
 /// A limit of 0..=3 where 0 means unlimited; tight values are likelier so
@@ -275,6 +284,14 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         1 => limits_pick().prop_map(Op::Reconfigure),
         1 => Just(Op::Crash),
+        2 => (
+            prop_oneof![
+                (0..LEADS.len(), 0..TENANTS.len()).prop_map(|(l, t)| InboxPick::Lead(l, t)),
+                any::<Index>().prop_map(InboxPick::Parent),
+            ],
+            any::<bool>(),
+        )
+            .prop_map(|(pick, collect)| Op::ReadInbox(pick, collect)),
     ]
 }
 
@@ -394,6 +411,8 @@ struct Harness {
     /// (each step's changes are acknowledged once it returns).
     store: MemoryStore,
     watch: WatchConfig,
+    /// Agents an inbox read collected.
+    collected: HashSet<AgentId>,
 }
 
 /// An approval a run asked for, from the run's side.
@@ -467,6 +486,7 @@ impl Harness {
             last_sequence: 0,
             first_starts: Vec::new(),
             approvals: HashMap::new(),
+            collected: HashSet::new(),
             workers: Vec::new(),
             ctx: String::new(),
             store: MemoryStore::new(),
@@ -830,7 +850,9 @@ impl Harness {
             } => self.decide(agent, *approve, *wrong_id),
             Op::Reconfigure(pick) => self.reconfigure(pick),
             Op::Crash => self.crash(),
+            Op::ReadInbox(pick, collect) => self.read_inbox(pick, *collect),
         }
+        self.check_collected();
         self.persist();
         self.check_invariants(&running_before);
         self.check_approvals();
@@ -845,6 +867,96 @@ impl Harness {
             let mut batch = Batch::default();
             batch.add(&changes);
             self.store.commit(&batch).expect("the memory store commits");
+        }
+    }
+
+    /// An inbox read returns exactly the settled, uncollected members of
+    /// the inbox (approvals first, then oldest settled first) and counts the
+    /// live ones; a collect marks the terminal ones, and only those.
+    fn read_inbox(&mut self, pick: &InboxPick, collect: bool) {
+        let (tenant, of, member): (String, InboxOf, Parent) = match pick {
+            InboxPick::Lead(l, t) => {
+                let (lead, tenant) = (LEADS[*l], TENANTS[*t]);
+                let member = Parent::Lead(tenant.to_owned(), lead.to_owned());
+                (tenant.to_owned(), InboxOf::Lead(lead.to_owned()), member)
+            }
+            InboxPick::Parent(i) => {
+                if self.order.is_empty() {
+                    return;
+                }
+                let id = *i.get(&self.order);
+                let tenant = self.agents[&id].tenant.clone();
+                (tenant, InboxOf::Parent(id), Parent::Agent(id))
+            }
+        };
+        let members: Vec<AgentId> = self
+            .order
+            .iter()
+            .filter(|id| self.agents[*id].parent == member)
+            .copied()
+            .collect();
+        let settled = |m: &Meta| m.status.is_some_and(AgentStatus::is_settled);
+        let live = members
+            .iter()
+            .filter(|id| !settled(&self.agents[*id]))
+            .count();
+        let expected: HashSet<AgentId> = members
+            .iter()
+            .filter(|id| settled(&self.agents[*id]) && !self.collected.contains(*id))
+            .copied()
+            .collect();
+        let scope = Scope::Tenant(tenant.as_str().into());
+        let mut read = self
+            .core
+            .read_inbox(&scope, &tenant, &of)
+            .unwrap_or_else(|e| panic!("{}: read_inbox failed: {e:?}", self.ctx));
+        let ctx = &self.ctx;
+        assert_eq!(read.live, live, "{ctx}: live members of the inbox");
+        let got: HashSet<AgentId> = read.settled.iter().map(|v| v.id).collect();
+        assert_eq!(got.len(), read.settled.len(), "{ctx}: no agent twice");
+        assert_eq!(got, expected, "{ctx}: the settled uncollected members");
+        let order: Vec<_> = read
+            .settled
+            .iter()
+            .map(|v| (v.status != AgentStatus::AwaitingApproval, v.finished_at))
+            .collect();
+        assert!(
+            order.is_sorted(),
+            "{ctx}: approvals first, then oldest settled first: {order:?}"
+        );
+        if collect {
+            self.core.collect_inbox(&mut read, SystemTime::now());
+            for v in &read.settled {
+                assert_eq!(
+                    v.collected_at.is_some(),
+                    v.status.is_terminal(),
+                    "{}: only terminal agents are collected",
+                    self.ctx
+                );
+                if v.status.is_terminal() {
+                    self.collected.insert(v.id);
+                }
+            }
+        }
+    }
+
+    /// Every agent shows `collected_at` exactly when an inbox read collected
+    /// it, and only a terminal agent is ever collected.
+    fn check_collected(&self) {
+        for id in &self.order {
+            let Some(view) = self.core.view(*id) else {
+                continue;
+            };
+            let ctx = &self.ctx;
+            assert_eq!(
+                view.collected_at.is_some(),
+                self.collected.contains(id),
+                "{ctx}: collected_at of agent #{}",
+                self.agents[id].seq
+            );
+            if view.collected_at.is_some() {
+                assert!(view.status.is_terminal(), "{ctx}: collected yet {view:?}");
+            }
         }
     }
 

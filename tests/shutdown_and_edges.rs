@@ -26,6 +26,7 @@ async fn shutdown_cancels_live_agents_watchers_see_it_and_streams_end_cleanly() 
                     nanos: 0,
                 }),
                 mode: 0,
+                ..Default::default()
             })
             .await
     });

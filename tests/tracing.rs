@@ -132,6 +132,7 @@ async fn await_ids(client: &mut AgentServiceClient<Channel>, ids: &[&str]) -> Ve
                 nanos: 0,
             }),
             mode: pb::AwaitMode::All as i32,
+            ..Default::default()
         })
         .await
         .expect("await succeeds")

@@ -167,12 +167,23 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<pb::AwaitRequest>,
     ) -> Result<Response<pb::AwaitResponse>, Status> {
-        let scope = auth::scope_of(&auth::principal(&request));
+        let principal = auth::principal(&request);
+        let scope = auth::scope_of(&principal);
         let q = wire::parse_await(request.into_inner())?;
-        let (agents, timed_out) = self
-            .scheduler
-            .await_agents(&scope, &q.ids, Some(q.timeout), q.mode)
-            .await?;
+        let (agents, timed_out) = match &q.target {
+            wire::AwaitTarget::Ids(ids) => {
+                self.scheduler
+                    .await_agents(&scope, ids, Some(q.timeout), q.mode)
+                    .await?
+            }
+            // A lead id names a lead of the caller's own tenant, as in
+            // Cancel.
+            wire::AwaitTarget::Inbox(of) => {
+                self.scheduler
+                    .await_inbox(&scope, &principal.tenant, of, q.timeout, q.mode, q.collect)
+                    .await?
+            }
+        };
         Ok(Response::new(pb::AwaitResponse {
             agents: wire::agents_to_pb(&agents),
             timed_out,

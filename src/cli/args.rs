@@ -198,6 +198,9 @@ pub struct StatusArgs {
     /// Only the agents (turns) of this conversation.
     #[arg(long = "conversation", value_name = "ID")]
     pub conversation_id: Option<String>,
+    /// Only settled agents that no inbox Await has collected yet.
+    #[arg(long)]
+    pub uncollected: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -212,6 +215,7 @@ impl StatusArgs {
             lead_id: self.lead_id.clone().unwrap_or_default(),
             tenant: self.tenant.clone().unwrap_or_default(),
             conversation_id: self.conversation_id.clone().unwrap_or_default(),
+            uncollected: self.uncollected,
             statuses: self
                 .statuses
                 .iter()
@@ -223,12 +227,25 @@ impl StatusArgs {
     }
 }
 
-/// Flags of `await` (AwaitRequest).
+/// Flags of `await` (AwaitRequest): agent ids, or one inbox (`--lead-id`
+/// or `--parent-id`).
 #[derive(clap::Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["ids", "lead_id", "parent_id"])))]
+#[command(group(clap::ArgGroup::new("inbox").args(["lead_id", "parent_id"])))]
 pub struct AwaitArgs {
     /// Agents to wait for (1 to 100).
-    #[arg(required = true)]
     pub ids: Vec<String>,
+    /// Wait on this lead's inbox: its root agents that are live or settled
+    /// and not yet collected; prints only the settled ones.
+    #[arg(long)]
+    pub lead_id: Option<String>,
+    /// Wait on this agent's inbox: its direct children, as `--lead-id`.
+    #[arg(long)]
+    pub parent_id: Option<String>,
+    /// With an inbox: mark the finished agents printed as collected, so
+    /// the next `await --collect` prints the next ones.
+    #[arg(long, requires = "inbox")]
+    pub collect: bool,
     /// How long to wait, e.g. 30s. Default (server): 30s, at most 1h.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<prost_types::Duration>,
@@ -251,6 +268,9 @@ impl AwaitArgs {
             ids: self.ids.clone(),
             timeout: self.timeout,
             mode: mode as i32,
+            lead_id: self.lead_id.clone().unwrap_or_default(),
+            parent_id: self.parent_id.clone().unwrap_or_default(),
+            collect: self.collect,
         }
     }
 }
@@ -583,6 +603,7 @@ mod tests {
             "--page-token",
             "t",
             "--all-pages",
+            "--uncollected",
         ]) else {
             panic!("expected status");
         };
@@ -591,6 +612,7 @@ mod tests {
             args.to_request(),
             pb::StatusRequest {
                 tenant: Default::default(),
+                uncollected: true,
                 ids: vec![],
                 parent_id: "p".into(),
                 root_id: "r".into(),
@@ -652,8 +674,34 @@ mod tests {
                     nanos: 500_000_000,
                 }),
                 mode: pb::AwaitMode::Any as i32,
+                ..Default::default()
             }
         );
+        let Command::Await(args) = parse(&["await", "--lead-id", "l1", "--collect", "--any"])
+        else {
+            panic!("expected await");
+        };
+        assert_eq!(
+            args.to_request(),
+            pb::AwaitRequest {
+                lead_id: "l1".into(),
+                collect: true,
+                mode: pb::AwaitMode::Any as i32,
+                ..Default::default()
+            }
+        );
+        for refused in [
+            &["await"][..],
+            &["await", "a", "--lead-id", "l1"],
+            &["await", "--lead-id", "l1", "--parent-id", "p"],
+            &["await", "a", "--collect"],
+        ] {
+            assert!(
+                Cli::try_parse_from(std::iter::once("subagentd").chain(refused.iter().copied()))
+                    .is_err(),
+                "{refused:?} parsed"
+            );
+        }
         let Command::Await(args) = parse(&["await", "a"]) else {
             panic!("expected await");
         };

@@ -471,6 +471,7 @@ mod tests {
 
     fn sample_agent() -> pb::Agent {
         pb::Agent {
+            collected_time: None,
             id: "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a".into(),
             agent: "coder".into(),
             model: "anthropic/claude-sonnet-4".into(),

@@ -628,6 +628,7 @@ mod tests {
             created_at: SystemTime::now(),
             started_at: None,
             finished_at: None,
+            collected_at: None,
             result: "".into(),
             error: None,
             approval: None,

@@ -179,6 +179,9 @@ pub struct AgentView {
     pub started_at: Option<SystemTime>,
     /// When the agent ended.
     pub finished_at: Option<SystemTime>,
+    /// When an inbox Await (`collect`) returned it, settled, to its lead
+    /// or parent: the next such Await skips it.
+    pub collected_at: Option<SystemTime>,
     /// Output so far / final result.
     pub result: Arc<str>,
     /// Why it failed or was cancelled.
@@ -281,6 +284,13 @@ impl AgentView {
         }
     }
 
+    /// Settled and not collected: what an inbox Await returns. An agent
+    /// awaiting approval is never collected (its approval must be seen
+    /// until it is decided).
+    pub fn is_uncollected(&self) -> bool {
+        self.status.is_settled() && self.collected_at.is_none()
+    }
+
     /// Running time so far, or in total once finished; zero if never started.
     pub fn elapsed(&self, now: SystemTime) -> Duration {
         match self.started_at {
@@ -350,6 +360,9 @@ pub struct AgentFilter {
     pub statuses: Vec<AgentStatus>,
     /// Turns of this conversation.
     pub conversation_id: Option<AgentId>,
+    /// Only settled agents not yet collected (see
+    /// [`AgentView::is_uncollected`]).
+    pub uncollected: bool,
 }
 
 impl AgentFilter {
@@ -367,8 +380,32 @@ impl AgentFilter {
             && self
                 .conversation_id
                 .is_none_or(|c| a.conversation_id() == c)
+            && (!self.uncollected || a.is_uncollected())
     }
 }
+
+/// Whose inbox an inbox Await reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxOf {
+    /// A lead's root agents (no parent; continuations included) in the
+    /// caller's tenant.
+    Lead(String),
+    /// An agent's direct children.
+    Parent(AgentId),
+}
+
+/// An inbox as it is now.
+#[derive(Debug, Default)]
+pub struct InboxRead {
+    /// The settled, uncollected agents: those awaiting approval first, then
+    /// the others oldest settled first; at most [`MAX_INBOX_AGENTS`].
+    pub settled: Vec<AgentView>,
+    /// How many of the inbox's agents are live (not settled).
+    pub live: usize,
+}
+
+/// The most agents one inbox Await returns.
+pub const MAX_INBOX_AGENTS: usize = 100;
 
 /// The tenant of every agent when authentication is off, and of a
 /// [`SpawnSpec`] that names none.

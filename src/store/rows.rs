@@ -101,6 +101,8 @@ pub(super) struct ViewRow {
     /// Whether `attempts` is set (an empty list is not the same as none).
     #[prost(bool, tag = "31")]
     has_attempts: bool,
+    #[prost(int64, optional, tag = "32")]
+    collected_at: Option<i64>,
 }
 
 /// An ended attempt (`Attempt`).
@@ -486,6 +488,7 @@ fn view_row(v: &AgentView) -> ViewRow {
         created_at: nanos(v.created_at),
         started_at: v.started_at.map(nanos),
         finished_at: v.finished_at.map(nanos),
+        collected_at: v.collected_at.map(nanos),
         result: v.result.to_string(),
         error: v.error.as_ref().map(error_row),
         approval: v.approval.as_ref().map(|a| ApprovalRow {
@@ -593,6 +596,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         created_at: time_of(r.created_at),
         started_at: r.started_at.map(time_of),
         finished_at: r.finished_at.map(time_of),
+        collected_at: r.collected_at.map(time_of),
         result: r.result.into(),
         error: r.error.map(error_of),
         approval: r
@@ -775,6 +779,7 @@ pub(crate) mod tests {
                 created_at: t,
                 started_at: Some(t + Duration::from_millis(5)),
                 finished_at: Some(t + Duration::from_secs(9)),
+                collected_at: Some(t + Duration::from_secs(10)),
                 result: "partial".into(),
                 error: Some(AgentError::new("RUN_FAILED", "boom")),
                 approval: Some(Arc::new(Approval {

@@ -54,6 +54,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         created_at: Some(timestamp(a.created_at)),
         started_at: a.started_at.map(timestamp),
         finished_at: a.finished_at.map(timestamp),
+        collected_time: a.collected_at.map(timestamp),
         elapsed_ms: u64::try_from(a.elapsed(now).as_millis()).unwrap_or(u64::MAX),
         result: a.result.to_string(),
         error: a.error.as_ref().map(error_to_pb),
@@ -157,6 +158,7 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
         created_at: time(&a.created_at).unwrap_or_else(SystemTime::now),
         started_at: time(&a.started_at),
         finished_at: time(&a.finished_at),
+        collected_at: time(&a.collected_time),
         result: a.result.as_str().into(),
         error: a
             .error

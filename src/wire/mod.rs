@@ -21,8 +21,8 @@ pub use self::check::{
 pub use self::events::{event_to_pb, event_wire};
 pub use self::requests::{
     parse_approve, parse_await, parse_cancel, parse_get_transcript, parse_spawn, parse_status,
-    parse_steer, parse_watch, trace_context_from, AwaitQuery, CancelTarget, StatusQuery,
-    TranscriptQuery,
+    parse_steer, parse_watch, trace_context_from, AwaitQuery, AwaitTarget, CancelTarget,
+    StatusQuery, TranscriptQuery,
 };
 pub use self::server_info::{runner_name, server_info_to_pb};
 pub use self::transcript::{history_from_assignment, history_to_pb, transcript_to_pb};

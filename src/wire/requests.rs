@@ -16,7 +16,8 @@ use crate::pb;
 use crate::scheduler::conversation::TranscriptOf;
 use crate::scheduler::trace::{SpawnTrace, TraceContext};
 use crate::scheduler::{
-    AgentFilter, AgentId, ApprovalOutcome, AwaitMode, Error, ModelRef, SpawnSpec, WatchQuery,
+    AgentFilter, AgentId, ApprovalOutcome, AwaitMode, Error, InboxOf, ModelRef, SpawnSpec,
+    WatchQuery,
 };
 
 /// Parses a SpawnRequest.
@@ -146,6 +147,7 @@ pub fn parse_status(
             || lead_id.is_some()
             || !statuses.is_empty()
             || conversation_id.is_some()
+            || req.uncollected
             || !req.tenant.is_empty()
             || !req.page_token.is_empty();
         if filtered {
@@ -162,6 +164,7 @@ pub fn parse_status(
             lead_id,
             statuses,
             conversation_id,
+            uncollected: req.uncollected,
         },
         after,
         limit,
@@ -211,18 +214,61 @@ pub fn parse_get_transcript(req: pb::GetTranscriptRequest) -> Result<TranscriptQ
 /// A parsed AwaitRequest.
 #[derive(Debug)]
 pub struct AwaitQuery {
-    /// Agents to wait for, in request order.
-    pub ids: Vec<AgentId>,
+    /// What it waits on.
+    pub target: AwaitTarget,
     /// How long to wait.
     pub timeout: Duration,
     /// ALL or ANY.
     pub mode: AwaitMode,
+    /// Inbox only: collect the terminal agents returned.
+    pub collect: bool,
+}
+
+/// What an Await waits on.
+#[derive(Debug)]
+pub enum AwaitTarget {
+    /// These agents, in request order.
+    Ids(Vec<AgentId>),
+    /// An inbox.
+    Inbox(InboxOf),
 }
 
 /// Parses an AwaitRequest.
 pub fn parse_await(req: pb::AwaitRequest) -> Result<AwaitQuery, Error> {
+    const ONE_OF: &str = "set exactly one of ids, lead_id and parent_id";
     let mut v = Violations::default();
-    let ids = v.ids("ids", &req.ids, true);
+    let given = [
+        !req.ids.is_empty(),
+        !req.lead_id.is_empty(),
+        !req.parent_id.is_empty(),
+    ];
+    let target = match given {
+        [false, false, false] => {
+            v.add("ids", ONE_OF);
+            None
+        }
+        [true, false, false] => Some(AwaitTarget::Ids(v.ids("ids", &req.ids, true))),
+        [false, true, false] => v
+            .key("lead_id", &req.lead_id)
+            .map(|lead| AwaitTarget::Inbox(InboxOf::Lead(lead))),
+        [false, false, true] => v
+            .optional_id("parent_id", &req.parent_id)
+            .map(|parent| AwaitTarget::Inbox(InboxOf::Parent(parent))),
+        _ => {
+            for (field, set) in ["ids", "lead_id", "parent_id"].into_iter().zip(given) {
+                if set {
+                    v.add(field, format!("{ONE_OF}, not several"));
+                }
+            }
+            None
+        }
+    };
+    if req.collect && matches!(target, Some(AwaitTarget::Ids(_))) {
+        v.add(
+            "collect",
+            "collects an inbox: set it with lead_id or parent_id, not with ids",
+        );
+    }
     let timeout = match &req.timeout {
         Some(d) => v
             .duration("timeout", d, MAX_AWAIT_TIMEOUT)
@@ -237,7 +283,13 @@ pub fn parse_await(req: pb::AwaitRequest) -> Result<AwaitQuery, Error> {
             AwaitMode::All
         }
     };
-    v.finish(AwaitQuery { ids, timeout, mode })
+    v.finish(target.map(|target| AwaitQuery {
+        target,
+        timeout,
+        mode,
+        collect: req.collect,
+    }))
+    .map(|q| q.expect("a target when nothing is invalid"))
 }
 
 /// What a CancelRequest targets.
@@ -352,6 +404,7 @@ pub fn parse_watch(
             lead_id,
             statuses: Vec::new(),
             conversation_id,
+            uncollected: false,
         },
         after_sequence: req.after_sequence,
         include_snapshot: req.include_snapshot,

@@ -38,6 +38,7 @@ fn an_agent_survives_the_round_trip_a_worker_assignment_takes() {
         created_at: created,
         started_at: Some(created + Duration::from_millis(5)),
         finished_at: None,
+        collected_at: None,
         result: "partial".into(),
         error: Some(AgentError::new("STALE", "no progress")),
         approval: None,
@@ -139,6 +140,7 @@ fn await_defaults_and_bounds() {
             nanos: 0,
         }),
         mode: 0,
+        ..Default::default()
     })
     .unwrap_err();
     assert_eq!(fields(err), vec!["ids", "timeout"]);

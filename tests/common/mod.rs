@@ -140,6 +140,7 @@ pub async fn await_all(client: &mut AgentServiceClient<Channel>, ids: &[&str]) -
                 nanos: 0,
             }),
             mode: pb::AwaitMode::All as i32,
+            ..Default::default()
         })
         .await
         .expect("await succeeds")

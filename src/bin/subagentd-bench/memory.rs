@@ -211,6 +211,7 @@ async fn await_all(
                             nanos: 0,
                         }),
                         mode: pb::AwaitMode::All as i32,
+                        ..Default::default()
                     };
                     match client.r#await(request).await {
                         Ok(response) => {

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::SystemTime};
 
 use uuid::Uuid;
 
-use super::{Core, Record, RunControl, RunStart};
+use super::{Children, Core, Record, RunControl, RunStart};
 use crate::config::RunnerKind;
 use crate::scheduler::conversation::{Inherited, Place, Refusal};
 use crate::scheduler::{
@@ -248,6 +248,7 @@ impl Core {
             created_at: now,
             started_at: None,
             finished_at: None,
+            collected_at: None,
             result: self.empty.clone(),
             error: None,
             approval: None,
@@ -274,7 +275,7 @@ impl Core {
             timeout_ms: Record::timeout_ms(spec.timeout.unwrap_or(self.runs.default_timeout)),
             rare: Record::rare(Vec::new(), idem_key),
             run: None,
-            children: Vec::new(),
+            children: Children::default(),
             span_id: trace.span_id,
             sampled: trace.sampled,
             span,

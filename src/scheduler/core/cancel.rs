@@ -103,7 +103,7 @@ impl Core {
             let Some(rec) = self.agents.get(&parent) else {
                 continue;
             };
-            let (children, status) = (rec.children.clone(), rec.view.status);
+            let (children, status) = (rec.children.to_vec(), rec.view.status);
             for child in children {
                 let Some(c) = self.agents.get(&child) else {
                     continue;

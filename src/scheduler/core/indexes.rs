@@ -269,3 +269,11 @@ impl LiveByStatus {
         .collect()
     }
 }
+
+/// Whose inbox an inbox Await waits on, as the core keys its waiters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum InboxKey {
+    /// (tenant, lead).
+    Lead(Arc<str>, Arc<str>),
+    Parent(AgentId),
+}

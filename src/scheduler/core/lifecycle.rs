@@ -148,6 +148,7 @@ impl Core {
                     w.notify_one();
                 }
             }
+            self.wake_inbox(id);
         }
         self.publish(id, kind);
         if to.is_terminal() {

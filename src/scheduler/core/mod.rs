@@ -11,12 +11,13 @@
 //! configuration and the limit checks; `Core`'s methods are split by
 //! concern into one `impl Core` block per child module: `admission`,
 //! `lifecycle`, `cancel`, `steer`, `approval`, `workers`, `reports`,
-//! `reads`, `retention` and `counters`.
+//! `reads`, `inbox`, `retention` and `counters`.
 
 mod admission;
 mod approval;
 mod cancel;
 mod counters;
+mod inbox;
 mod indexes;
 mod lifecycle;
 mod reads;
@@ -51,7 +52,7 @@ use super::{
 };
 use foldhash::{HashMap, HashSet};
 
-use self::indexes::{LeadIndex, LiveByStatus, SeqIndex};
+use self::indexes::{InboxKey, LeadIndex, LiveByStatus, SeqIndex};
 use self::unsaved::Unsaved;
 
 use crate::config::{AgentTypeConfig, Limits, RunnerKind, RunsConfig, TenantLimits, WatchConfig};
@@ -208,7 +209,7 @@ struct Record {
     /// Boxed: only live runs have one, and inline it would push every
     /// retained record into a larger allocation size class.
     run: Option<Box<RunControl>>,
-    children: Vec<AgentId>,
+    children: Children,
     /// The run's own span id in the trace `view.trace_id` names (with
     /// `sampled`, the context runners and children get). Kept inline, not
     /// as a `TraceContext`, so the record stays in its size class.
@@ -222,6 +223,27 @@ struct Record {
 // jemalloc's 512-byte size class; the next class is 640.
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Record>() <= 512);
+
+/// A record's direct children, in spawn order. One word: most agents
+/// have none, and a `Vec` inline (three words) would push the record out
+/// of its size class.
+#[derive(Debug, Default)]
+#[allow(clippy::box_collection)] // one word inline, not three: see above
+struct Children(Option<Box<Vec<AgentId>>>);
+
+impl Children {
+    fn push(&mut self, id: AgentId) {
+        self.0.get_or_insert_with(Box::default).push(id);
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, AgentId> {
+        self.0.as_deref().map_or(&[][..], Vec::as_slice).iter()
+    }
+
+    fn to_vec(&self) -> Vec<AgentId> {
+        self.iter().copied().collect()
+    }
+}
 
 /// The parts of a record most agents never have.
 #[derive(Debug, Default)]
@@ -378,6 +400,10 @@ pub struct Core {
     /// Finished agents in finish order, for retention sweeps.
     finished: VecDeque<(SystemTime, AgentId)>,
     waiters: HashMap<AgentId, Vec<Arc<Notify>>>,
+    /// Inbox Await waiters, by whose inbox they read: woken when an agent
+    /// of that inbox settles. Empty unless an inbox Await is waiting, so a
+    /// settle pays one `is_empty` for it.
+    inbox_waiters: HashMap<InboxKey, Vec<Arc<Notify>>>,
     /// Agent type, model and bucket names shared by every agent that uses
     /// them, so a retained agent does not carry its own copies.
     names: HashSet<Arc<str>>,
@@ -441,6 +467,7 @@ impl Core {
             idempotency: HashMap::default(),
             finished: VecDeque::new(),
             waiters: HashMap::default(),
+            inbox_waiters: HashMap::default(),
             names: HashSet::default(),
             empty: Arc::from(""),
             no_labels: Labels::default(),

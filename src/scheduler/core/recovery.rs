@@ -16,7 +16,7 @@
 
 use std::{sync::Arc, time::SystemTime};
 
-use super::{Core, Record};
+use super::{Children, Core, Record};
 use crate::config::RunnerKind;
 use crate::scheduler::{
     conversation::Inherited,
@@ -316,7 +316,7 @@ impl Core {
             timeout_ms: Record::timeout_ms(timeout),
             rare: Record::rare(steer_buffer, idempotency_key),
             run: None,
-            children: Vec::new(),
+            children: Children::default(),
             span_id,
             sampled,
             span: None,

@@ -16,7 +16,7 @@ use crate::scheduler::{
     conversation,
     core::{Core, Page, SteerDelivery},
     error::Error,
-    types::{AgentFilter, AgentId, AgentView, ApprovalOutcome, Scope, SpawnSpec},
+    types::{AgentFilter, AgentId, AgentView, ApprovalOutcome, InboxOf, Scope, SpawnSpec},
 };
 
 /// Whether Await waits for every agent or for the first.
@@ -188,6 +188,73 @@ impl Scheduler {
             }
         }
     }
+    /// Waits on an inbox (see [`Core::read_inbox`]): `tenant`'s lead's root
+    /// agents or a parent's children visible in `scope`. ANY returns once
+    /// one of them is settled and uncollected, ALL once none is live, or
+    /// when `timeout` passes; either way with the settled uncollected ones,
+    /// collected when `collect`, and whether it timed out. Returns once what
+    /// it shows (a collect included) is durable; leaves no waiter behind.
+    pub async fn await_inbox(
+        &self,
+        scope: &Scope,
+        tenant: &str,
+        of: &InboxOf,
+        timeout: Duration,
+        mode: AwaitMode,
+        collect: bool,
+    ) -> Result<(Vec<AgentView>, bool), Error> {
+        let notify = Arc::new(Notify::new());
+        let _guard = InboxWaiterGuard {
+            scheduler: self,
+            tenant,
+            of,
+            notify: &notify,
+        };
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
+        let done = |read: &crate::scheduler::InboxRead| match mode {
+            AwaitMode::All => read.live == 0,
+            AwaitMode::Any => !read.settled.is_empty(),
+        };
+        loop {
+            let (read, ticket) = self.with_core_ticket(|c| -> Result<_, Error> {
+                // Register before reading, under the same lock: a settle
+                // after this read wakes the loop.
+                c.add_inbox_waiter(tenant, of, &notify);
+                let mut read = c.read_inbox(scope, tenant, of)?;
+                if done(&read) && collect {
+                    c.collect_inbox(&mut read, SystemTime::now());
+                }
+                Ok(read)
+            });
+            let read = read?;
+            if done(&read) {
+                self.durable(ticket).await?;
+                return Ok((read.settled, false));
+            }
+            let timer = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = notify.notified() => {}
+                () = timer => {
+                    let (read, ticket) = self.with_core_ticket(|c| -> Result<_, Error> {
+                        let mut read = c.read_inbox(scope, tenant, of)?;
+                        if collect {
+                            c.collect_inbox(&mut read, SystemTime::now());
+                        }
+                        Ok(read)
+                    });
+                    let read = read?;
+                    self.durable(ticket).await?;
+                    let timed_out = !done(&read);
+                    return Ok((read.settled, timed_out));
+                }
+            }
+        }
+    }
     /// Cancels an agent and its live descendants; returns once durable.
     pub async fn cancel(
         &self,
@@ -237,6 +304,21 @@ impl Scheduler {
         let steered = steered?;
         self.durable(ticket).await?;
         Ok(steered)
+    }
+}
+
+/// Removes an inbox Await's waiter when the Await ends, however it ends.
+struct InboxWaiterGuard<'a> {
+    scheduler: &'a Scheduler,
+    tenant: &'a str,
+    of: &'a InboxOf,
+    notify: &'a Arc<Notify>,
+}
+
+impl Drop for InboxWaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.scheduler
+            .with_core(|c| c.remove_inbox_waiter(self.tenant, self.of, self.notify));
     }
 }
 

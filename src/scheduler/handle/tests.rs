@@ -356,3 +356,65 @@ async fn a_stale_timeout_of_zero_is_off() {
     let ended = settle(&s, agent.id).await;
     assert_eq!(ended.status, AgentStatus::Done, "{:?}", ended.error);
 }
+
+/// An inbox Await leaves no waiter behind, whether it times out, returns
+/// on a settle, or its caller goes away; a settle wakes it without the
+/// clock moving.
+#[tokio::test(start_paused = true)]
+async fn an_inbox_await_leaves_no_waiter_behind() {
+    let s = paused_scheduler("");
+    let lead = InboxOf::Lead("lead".into());
+    let tenant = DEFAULT_TENANT;
+    let waiters = |s: &Scheduler| s.inspect(|c| c.inbox_waiter_count());
+    let long = s
+        .spawn(SpawnSpec {
+            lead_id: Some("lead".into()),
+            prompt: "sleep 60000\noutput late".into(),
+            ..spec()
+        })
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let (agents, timed_out) = s
+        .await_inbox(
+            &Scope::All,
+            tenant,
+            &lead,
+            Duration::from_secs(5),
+            AwaitMode::Any,
+            true,
+        )
+        .await
+        .unwrap();
+    assert!(timed_out && agents.is_empty());
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+    assert_eq!(waiters(&s), 0, "after a timeout");
+
+    let dropped = s.await_inbox(
+        &Scope::All,
+        tenant,
+        &lead,
+        Duration::from_secs(30),
+        AwaitMode::Any,
+        true,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), dropped).await;
+    assert_eq!(waiters(&s), 0, "after the caller went away");
+
+    // Woken by the settle 60 s in, not by its 1 h timeout.
+    let (agents, timed_out) = s
+        .await_inbox(
+            &Scope::All,
+            tenant,
+            &lead,
+            Duration::from_secs(3600),
+            AwaitMode::Any,
+            true,
+        )
+        .await
+        .unwrap();
+    assert!(!timed_out);
+    assert_eq!(agents.iter().map(|a| a.id).collect::<Vec<_>>(), [long.id]);
+    assert!(started.elapsed() < Duration::from_secs(120));
+    assert_eq!(waiters(&s), 0, "after a wake");
+}
