@@ -256,7 +256,31 @@ async fn an_agent_awaiting_approval_is_returned_but_never_collected() {
 }
 
 #[tokio::test]
-async fn an_await_names_exactly_one_target_and_collects_only_an_inbox() {
+async fn an_await_by_ids_with_collect_takes_the_settled_ones_out_of_the_inbox() {
+    let mut s = TestServer::start("").await;
+    let c = &mut s.client;
+    let done = spawn(c, under_lead("output done")).await;
+    let live = spawn(c, under_lead("wait_steer")).await;
+    let r = c
+        .r#await(pb::AwaitRequest {
+            ids: vec![done.id.clone(), live.id.clone()],
+            mode: pb::AwaitMode::Any as i32,
+            collect: true,
+            timeout: millis(10_000),
+            ..Default::default()
+        })
+        .await
+        .expect("Await")
+        .into_inner();
+    assert_eq!(ids(&r.agents), [done.id.as_str(), live.id.as_str()]);
+    assert!(r.agents[0].collected_time.is_some());
+    assert!(r.agents[1].collected_time.is_none(), "live: not collected");
+    let (agents, timed_out) = await_inbox(c, lead_inbox(pb::AwaitMode::Any, true, 150)).await;
+    assert!(timed_out && agents.is_empty(), "{agents:?}");
+}
+
+#[tokio::test]
+async fn an_await_names_exactly_one_target() {
     let mut s = TestServer::start("").await;
     let c = &mut s.client;
     let id = uuid::Uuid::new_v4().to_string();
@@ -277,14 +301,6 @@ async fn an_await_names_exactly_one_target_and_collects_only_an_inbox() {
                 ..Default::default()
             },
             vec!["lead_id", "parent_id"],
-        ),
-        (
-            pb::AwaitRequest {
-                ids: vec![id.clone()],
-                collect: true,
-                ..Default::default()
-            },
-            vec!["collect"],
         ),
         (
             pb::AwaitRequest {

@@ -925,7 +925,7 @@ impl Harness {
             "{ctx}: approvals first, then oldest settled first: {order:?}"
         );
         if collect {
-            self.core.collect_inbox(&mut read, SystemTime::now());
+            self.core.collect(&mut read.settled, SystemTime::now());
             for v in &read.settled {
                 assert_eq!(
                     v.collected_at.is_some(),

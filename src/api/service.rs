@@ -13,6 +13,7 @@ use super::{
     deadline::CallDeadline,
     status::{reason_of, watch_lagged},
 };
+use crate::config::McpConfig;
 use crate::pb::{self, agent_service_server::AgentService};
 use crate::scheduler::{trace::SpawnTrace, Error, Event, Received, Scheduler, WatchLive};
 use crate::telemetry::metrics::ApiMetrics;
@@ -25,6 +26,8 @@ pub struct AgentServiceImpl {
     /// Cancelled at shutdown so watch streams end cleanly.
     shutdown: CancellationToken,
     metrics: ApiMetrics,
+    /// `[mcp]`, for GetServerInfo (read at start).
+    mcp: McpConfig,
 }
 
 impl AgentServiceImpl {
@@ -34,7 +37,14 @@ impl AgentServiceImpl {
             scheduler,
             shutdown,
             metrics: ApiMetrics::default(),
+            mcp: McpConfig::default(),
         }
+    }
+
+    /// Answers GetServerInfo with these `[mcp]` settings.
+    pub fn with_mcp(mut self, mcp: McpConfig) -> Self {
+        self.mcp = mcp;
+        self
     }
 
     /// Counts rejected Spawns and lagging watchers into `metrics`.
@@ -160,6 +170,7 @@ impl AgentService for AgentServiceImpl {
         Ok(Response::new(wire::server_info_to_pb(
             env!("CARGO_PKG_VERSION"),
             &self.scheduler.agent_types(),
+            &self.mcp,
         )))
     }
 
@@ -172,9 +183,14 @@ impl AgentService for AgentServiceImpl {
         let q = wire::parse_await(request.into_inner())?;
         let (agents, timed_out) = match &q.target {
             wire::AwaitTarget::Ids(ids) => {
-                self.scheduler
+                let (mut agents, timed_out) = self
+                    .scheduler
                     .await_agents(&scope, ids, Some(q.timeout), q.mode)
-                    .await?
+                    .await?;
+                if q.collect {
+                    self.scheduler.collect(&mut agents).await?;
+                }
+                (agents, timed_out)
             }
             // A lead id names a lead of the caller's own tenant, as in
             // Cancel.

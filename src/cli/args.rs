@@ -231,7 +231,6 @@ impl StatusArgs {
 /// or `--parent-id`).
 #[derive(clap::Args, Debug, Clone)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["ids", "lead_id", "parent_id"])))]
-#[command(group(clap::ArgGroup::new("inbox").args(["lead_id", "parent_id"])))]
 pub struct AwaitArgs {
     /// Agents to wait for (1 to 100).
     pub ids: Vec<String>,
@@ -242,9 +241,9 @@ pub struct AwaitArgs {
     /// Wait on this agent's inbox: its direct children, as `--lead-id`.
     #[arg(long)]
     pub parent_id: Option<String>,
-    /// With an inbox: mark the finished agents printed as collected, so
-    /// the next `await --collect` prints the next ones.
-    #[arg(long, requires = "inbox")]
+    /// Mark the finished agents printed as collected, so the next inbox
+    /// `await --collect` prints the next ones.
+    #[arg(long)]
     pub collect: bool,
     /// How long to wait, e.g. 30s. Default (server): 30s, at most 1h.
     #[arg(long, value_parser = parse_duration)]
@@ -694,7 +693,6 @@ mod tests {
             &["await"][..],
             &["await", "a", "--lead-id", "l1"],
             &["await", "--lead-id", "l1", "--parent-id", "p"],
-            &["await", "a", "--collect"],
         ] {
             assert!(
                 Cli::try_parse_from(std::iter::once("subagentd").chain(refused.iter().copied()))

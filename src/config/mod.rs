@@ -21,6 +21,7 @@ pub mod conversations;
 pub mod error;
 pub mod ha;
 pub mod limits;
+pub mod mcp;
 pub mod runs;
 pub mod server;
 pub mod store;
@@ -42,6 +43,10 @@ pub use self::limits::{
     Limits, ModelRef, TenantLimits, DEFAULT_CONCURRENCY, DEFAULT_MAX_BACKGROUND_AGENTS,
     DEFAULT_MAX_CONCURRENT_PER_PARENT, DEFAULT_MAX_DEPTH, DEFAULT_MAX_PROMPT_BYTES,
     DEFAULT_MAX_WATCHERS_PER_TENANT,
+};
+pub use self::mcp::{
+    HttpConfig, McpApprovals, McpConfig, DEFAULT_HTTP_LISTEN, DEFAULT_MCP_MAX_AWAIT,
+    DEFAULT_MCP_MAX_RESULT_CHARS,
 };
 pub use self::runs::{
     RunsConfig, DEFAULT_CANCEL_GRACE, DEFAULT_FINISHED_RETENTION, DEFAULT_MAX_IDENTICAL_TOOL_CALLS,
@@ -166,6 +171,11 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantLimits>,
     /// `[conversations]`: transcripts kept for continuations; reloadable.
     pub conversations: ConversationsConfig,
+    /// `[mcp]`: what the MCP lead tools offer; read by GetServerInfo, so
+    /// reloadable.
+    pub mcp: McpConfig,
+    /// `[http]`: the listener of `/mcp`. Read at start only.
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -182,6 +192,8 @@ impl Default for Config {
             auth: auth::AuthConfig::default(),
             tenants: BTreeMap::new(),
             conversations: ConversationsConfig::default(),
+            mcp: McpConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -289,6 +301,8 @@ impl Config {
         }
         self.limits.validate()?;
         self.conversations.validate()?;
+        self.mcp.validate()?;
+        self.http.validate(self.server.tls.enabled())?;
         self.runs.validate()?;
         self.watch.validate()?;
         for (name, agent) in &self.agents {

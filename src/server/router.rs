@@ -56,8 +56,9 @@ pub(super) fn serve<H: tonic_health::pb::health_server::Health>(
         shutdown,
     } = parts;
     let (reflection_v1, reflection_v1alpha) = reflection()?;
-    let service =
-        AgentServiceImpl::new(scheduler.clone(), shutdown.clone()).with_metrics(metrics.api());
+    let service = AgentServiceImpl::new(scheduler.clone(), shutdown.clone())
+        .with_metrics(metrics.api())
+        .with_mcp(config.mcp);
     let rpc_layer = rpc_layer(&metrics);
     let workers = WorkerServiceImpl::new(scheduler, shutdown.clone());
     let abuse = &config.server;

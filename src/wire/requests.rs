@@ -263,12 +263,6 @@ pub fn parse_await(req: pb::AwaitRequest) -> Result<AwaitQuery, Error> {
             None
         }
     };
-    if req.collect && matches!(target, Some(AwaitTarget::Ids(_))) {
-        v.add(
-            "collect",
-            "collects an inbox: set it with lead_id or parent_id, not with ids",
-        );
-    }
     let timeout = match &req.timeout {
         Some(d) => v
             .duration("timeout", d, MAX_AWAIT_TIMEOUT)

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{AgentTypeConfig, RunnerKind};
+use crate::config::{AgentTypeConfig, McpConfig, RunnerKind};
 use crate::pb;
 
 /// The name config and clients use for a runner.
@@ -15,13 +15,20 @@ pub fn runner_name(runner: RunnerKind) -> &'static str {
     }
 }
 
-/// The answer to GetServerInfo: `version` and the agent types, by name.
+/// The answer to GetServerInfo: `version`, the agent types, by name, and
+/// the `[mcp]` settings.
 pub fn server_info_to_pb(
     version: &str,
     agent_types: &[(String, Arc<AgentTypeConfig>)],
+    mcp: &McpConfig,
 ) -> pb::GetServerInfoResponse {
     pb::GetServerInfoResponse {
         version: version.to_owned(),
+        mcp: Some(pb::McpSettings {
+            approvals: mcp.approvals.as_str().to_owned(),
+            max_await: prost_types::Duration::try_from(mcp.max_await).ok(),
+            max_result_chars: u32::try_from(mcp.max_result_chars).unwrap_or(u32::MAX),
+        }),
         agent_types: agent_types
             .iter()
             .map(|(name, t)| pb::AgentTypeInfo {

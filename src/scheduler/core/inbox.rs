@@ -15,17 +15,25 @@ use super::{indexes::InboxKey, Core, Record};
 use crate::scheduler::{error::Error, types::*};
 
 impl Core {
-    /// Marks the terminal agents of `read` collected at `now`, in the
-    /// records and in `read` (agents awaiting approval stay uncollected:
-    /// their approval must be seen until it is decided).
-    pub fn collect_inbox(&mut self, read: &mut InboxRead, now: SystemTime) {
-        for view in &mut read.settled {
+    /// Marks the terminal agents of `views` collected at `now` (those not
+    /// collected yet), in the records and in `views`; agents awaiting
+    /// approval stay uncollected: their approval must be seen until it is
+    /// decided.
+    pub fn collect(&mut self, views: &mut [AgentView], now: SystemTime) {
+        for view in views {
+            if view.collected_at.is_some() {
+                continue;
+            }
             if !view.status.is_terminal() {
                 continue;
             }
-            if let Some(rec) = self.agents.get_mut(&view.id) {
-                rec.view.collected_at = Some(now);
-                view.collected_at = Some(now);
+            let Some(rec) = self.agents.get_mut(&view.id) else {
+                continue;
+            };
+            let fresh = rec.view.collected_at.is_none();
+            let at = *rec.view.collected_at.get_or_insert(now);
+            view.collected_at = Some(at);
+            if fresh {
                 self.changed(view.id);
             }
         }

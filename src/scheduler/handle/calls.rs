@@ -222,7 +222,7 @@ impl Scheduler {
                 c.add_inbox_waiter(tenant, of, &notify);
                 let mut read = c.read_inbox(scope, tenant, of)?;
                 if done(&read) && collect {
-                    c.collect_inbox(&mut read, SystemTime::now());
+                    c.collect(&mut read.settled, SystemTime::now());
                 }
                 Ok(read)
             });
@@ -243,7 +243,7 @@ impl Scheduler {
                     let (read, ticket) = self.with_core_ticket(|c| -> Result<_, Error> {
                         let mut read = c.read_inbox(scope, tenant, of)?;
                         if collect {
-                            c.collect_inbox(&mut read, SystemTime::now());
+                            c.collect(&mut read.settled, SystemTime::now());
                         }
                         Ok(read)
                     });
@@ -254,6 +254,12 @@ impl Scheduler {
                 }
             }
         }
+    }
+    /// Marks the terminal agents of `views` (as an Await returned them)
+    /// collected; returns once durable.
+    pub async fn collect(&self, views: &mut [AgentView]) -> Result<(), Error> {
+        let ((), ticket) = self.with_core_ticket(|c| c.collect(views, SystemTime::now()));
+        self.durable(ticket).await
     }
     /// Cancels an agent and its live descendants; returns once durable.
     pub async fn cancel(
