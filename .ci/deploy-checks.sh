@@ -305,6 +305,11 @@ BAD_CASES=(
   'a JWT issuer without a JWKS URL|/auth/jwt/jwksUrl|auth:\n  jwt:\n    issuer: https://login.example.com/\n    audience: subagentd'
   'ha lease 0s|/ha/leaseTtl|ha:\n  leaseTtl: 0s'
   'a PostgreSQL TLS Secret key with a slash|/store/postgres/tls/caKey|store:\n  postgres:\n    tls:\n      caSecret: pg-ca\n      caKey: a/b'
+  'mcp approvals "robot"|/mcp/approvals|mcp:\n  approvals: robot'
+  'mcp maxAwait without a unit|/mcp/maxAwait|mcp:\n  maxAwait: "50"'
+  'mcp maxResultChars below 200|/mcp/maxResultChars|mcp:\n  maxResultChars: 100'
+  'http Service port 0|/service/httpPort|service:\n  httpPort: 0'
+  'http enabled not a boolean|/http/enabled|http:\n  enabled: "yes"'
 )
 bad_values() { # EXPECTED FILE
   local expected="$1" file="$2" out
@@ -332,6 +337,7 @@ TEMPLATE_BAD_CASES=(
   'certificate principals without client certificates|auth.certs: certificate principals need client certificates|auth:\n  certs:\n    - san: spiffe://x\n      tenant: t\n      roles: [viewer]\ntls:\n  secret: s'
   'client certificates without TLS|tls.clientAuth: client certificates need TLS|tls:\n  clientAuth: required'
   'metrics over TLS without TLS|metrics.tls: serves tls.secret|metrics:\n  tls: true'
+  '/mcp over HTTPS without TLS|http.tls: serves /mcp with tls.secret|http:\n  tls: true'
   'the leader verified with the TLS Secret'"'"'s CA without TLS|ha.tlsCaFromSecret|ha:\n  tlsCaFromSecret: true'
   'workers without a certificate under TLS|worker.tlsSecret|agents:\n  w:\n    runner: worker\ntls:\n  secret: s\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated'
   'worker autoscaling minReplicas above maxReplicas|worker.autoscaling.minReplicas|agents:\n  w:\n    runner: worker\nworker:\n  enabled: true\n  tokenSecret: k\n  agents:\n    w:\n      runner: simulated\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2'
@@ -457,6 +463,21 @@ need(re.fullmatch(r"[0-9a-f]{64}", spec["template"]["metadata"]["annotations"]["
 ports = {p["name"]: p for p in docs["Service"]["spec"]["ports"]}
 need(ports["grpc"]["appProtocol"] == "grpc" and ports["grpc"]["targetPort"] == "grpc", "Service port grpc")
 need(("metrics" in ports) == metrics, "Service port metrics follows metrics.enabled")
+# [http]: /mcp on container port 50080, the port "http" of the container and
+# the Service, all following http.enabled; HTTPS only with tls.secret.
+http = values["http"]
+need(config["http"]["listen"] == ("0.0.0.0:50080" if http["enabled"] else ""), "[http] listen follows http.enabled")
+need(config["http"].get("tls", False) == bool(http["enabled"] and http["tls"] and tls.get("secret")),
+     "[http] tls follows http.tls and tls.secret")
+cports = {p["name"]: p["containerPort"] for p in c["ports"]}
+need(cports.get("http") == (50080 if http["enabled"] else None), "container port http follows http.enabled")
+need(("http" in ports) == http["enabled"], "Service port http follows http.enabled")
+if http["enabled"]:
+    need(ports["http"]["port"] == values["service"]["httpPort"] and ports["http"]["targetPort"] == "http",
+         "Service port http: service.httpPort to the container's port http")
+mcp = values["mcp"]
+need(config["mcp"] == {"approvals": mcp["approvals"], "max_await": mcp["maxAwait"],
+                       "max_result_chars": mcp["maxResultChars"]}, f"[mcp] follows mcp.*: {config['mcp']}")
 # API keys: from Secrets only, under the name the agent's api_key_env says.
 env = {e["name"]: e for e in c.get("env", [])}
 for name, agent in values["agents"].items():
@@ -514,6 +535,7 @@ else:
     need(wpod["terminationGracePeriodSeconds"] == drain + wkill + values["terminationGraceMarginSeconds"],
          "worker terminationGracePeriodSeconds = drain grace + kill grace + margin")
     need(set(wconfig["agents"]) == set(w["agents"]), "the worker's agent types")
+    need(not {"http", "mcp"} & set(wconfig), "no [http] or [mcp] in the workers' config (the server's sections)")
     for name in w["agents"]:
         need(config["agents"][name]["runner"] == "worker", f"the server runs {name} on workers")
     wenv = {e["name"]: e for e in wc.get("env", [])}
@@ -711,6 +733,12 @@ def seconds(d):  # humantime as --dump-config prints it, e.g. "1m 30s"
     units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
     return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)\s*(ms|s|m|h|d)", d))
 need(seconds(dump["server"]["shutdown_grace"]) == values["server"]["shutdownGraceSeconds"], "server.shutdown_grace")
+http, mcp = values["http"], values["mcp"]
+need(dump["http"]["listen"] == ("0.0.0.0:50080" if http["enabled"] else ""), f"http.listen: {dump['http']['listen']}")
+need(dump["http"]["tls"] is bool(http["enabled"] and http["tls"] and values["tls"]["secret"]), "http.tls")
+need(dump["mcp"]["approvals"] == mcp["approvals"], "mcp.approvals")
+need(seconds(dump["mcp"]["max_await"]) == seconds(mcp["maxAwait"]), f"mcp.max_await: {dump['mcp']['max_await']}")
+need(dump["mcp"]["max_result_chars"] == mcp["maxResultChars"], "mcp.max_result_chars")
 need(dump["limits"]["max_background_agents"] == values["limits"]["maxBackgroundAgents"], "limits")
 need(dump["telemetry"]["log_format"] == values["telemetry"]["logFormat"], "telemetry.log_format")
 need(dump["telemetry"]["otlp_endpoint"] == values["telemetry"]["otlpEndpoint"], "telemetry.otlp_endpoint")
@@ -720,6 +748,20 @@ for name, agent in values["agents"].items():
                           ("modelMap", "model_map"), ("temperature", "temperature")]:
         if key in agent:
             need(dump["agents"][name][toml_key] == agent[key], f"agents.{name}.{toml_key} round-trips")
+EOF
+}
+# The chart's mcp.* defaults are the binary's built-in [mcp] (what a config
+# without [mcp] gets), so the chart changes nothing an operator did not set.
+chart_defaults() {
+  : >"$WORK/empty.toml"
+  env -i PATH=/usr/bin:/bin "$BINARY" serve --config "$WORK/empty.toml" --dump-config >"$WORK/defaults.toml" || return 1
+  "$PY" - "$WORK/defaults.toml" "$CHART/values.yaml" <<'EOF'
+import sys, tomllib, yaml
+builtin = tomllib.loads(open(sys.argv[1]).read())["mcp"]
+mcp = yaml.safe_load(open(sys.argv[2]))["mcp"]
+chart = {"approvals": mcp["approvals"], "max_await": mcp["maxAwait"], "max_result_chars": mcp["maxResultChars"]}
+if chart != builtin:
+    sys.exit(f"values.yaml mcp.* {chart}, the binary's defaults {builtin}")
 EOF
 }
 worker_dump_config() { # RENDERED VALUES...
@@ -943,6 +985,8 @@ if [ -x "$BINARY" ]; then
   done
   check "$BINARY serve --dump-config accepts the image's deploy/config/container.toml" \
     dump_config deploy/config/container.toml
+  check "values.yaml's mcp.* defaults are the binary's built-in [mcp] (serve --dump-config of an empty file)" \
+    chart_defaults
   # The workers' config.toml (renders with worker.enabled) against `subagentd worker`.
   check "$BINARY worker --dump-config accepts the rendered worker config.toml (all-on values)" \
     worker_dump_config "$WORK/render-all-on.yaml" "$CHART/values.yaml" "$ALL_ON"

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod fuzzing;
 pub mod ha;
+pub mod mcp;
 pub mod pb;
 pub mod runner;
 pub mod scheduler;

@@ -22,6 +22,7 @@ async fn main() -> ExitCode {
         Command::Worker(args) => subagentd::worker::run(args)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Mcp(args) => subagentd::mcp::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Keys(command) => subagentd::cli::keys::run(command).map(|()| ExitCode::SUCCESS),
         command => commands::run(command).await,
     };

@@ -412,7 +412,7 @@ fn layer(top: &str) -> Option<(u8, &'static str)> {
         "runner" | "store" | "auth" | "telemetry" | "ha" => (2, "adapter"),
         "pb" => (3, "generated code"),
         "wire" | "client" => (4, "wire"),
-        "api" | "cli" | "worker" => (5, "api and clients"),
+        "api" | "cli" | "worker" | "mcp" => (5, "api and clients"),
         "server" | "fuzzing" => (6, "wiring"),
         _ => return None,
     })
@@ -430,8 +430,8 @@ fn rule(rank: u8) -> &'static str {
         3 => "the generated code (pb) imports nothing of the crate",
         4 => "the conversions (wire) and the shared client module import only the layers below",
         5 => {
-            "api and the clients (cli, worker) import the layers below; a client never imports \
-              api or server"
+            "api and the clients (cli, worker, mcp) import the layers below; a client never \
+              imports api or server"
         }
         _ => "server and fuzzing compose everything below them",
     }
@@ -454,6 +454,11 @@ const NAMED: &[(&str, &str, &str)] = &[
         "src/cli/mod.rs",
         "src/worker/mod.rs",
         "`subagentd worker` is a subcommand of the CLI",
+    ),
+    (
+        "src/cli/mod.rs",
+        "src/mcp/stdio.rs",
+        "`subagentd mcp` is a subcommand of the CLI",
     ),
 ];
 
@@ -479,6 +484,7 @@ fn top_of(path: &str) -> Option<&str> {
         "api" => "api",
         "cli" => "cli",
         "worker" => "worker",
+        "mcp" => "mcp",
         "server" => "server",
         _ => "fuzzing",
     })

@@ -13,7 +13,7 @@ use tonic::{
 };
 
 use super::{args::*, output, Command};
-use crate::client::{bearer_header, normalize_addr, Credential};
+use crate::client::{bearer_header, normalize_addr, Credential, MAX_RESPONSE_BYTES};
 use crate::pb;
 use crate::pb::agent_service_client::AgentServiceClient;
 
@@ -23,10 +23,6 @@ pub const EXIT_AWAIT_TIMED_OUT: u8 = 2;
 /// How long to wait for the TCP/HTTP2 connection before reporting the server
 /// unreachable; without it a black-holed address hangs for minutes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Largest response accepted. tonic's default of 4 MiB is too small for a
-/// `status` page of up to 1000 agents that each carry their result.
-const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
 
 type Client = AgentServiceClient<InterceptedService<Channel, Credential>>;
 
@@ -99,8 +95,8 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// status 1 here, so that the message format is the same for all of them.
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     let result = match cmd {
-        Command::Serve(_) | Command::Worker(_) | Command::Keys(_) => {
-            anyhow::bail!("`serve`, `worker` and `keys` are not client commands")
+        Command::Serve(_) | Command::Worker(_) | Command::Keys(_) | Command::Mcp(_) => {
+            anyhow::bail!("`serve`, `worker`, `mcp` and `keys` are not client commands")
         }
         Command::Spawn(args) => spawn(args).await,
         Command::Status(args) => status(args).await,

@@ -47,6 +47,10 @@ pub enum Command {
     /// Run agent types with the built-in runners as a worker of a server
     /// (WorkerService.Connect); SIGTERM drains.
     Worker(crate::worker::WorkerArgs),
+    /// Serve the lead tools (agent_spawn, agent_await, …) over MCP on
+    /// stdin/stdout, as a client of a running server: add it to an agent
+    /// host's MCP servers. Logs go to stderr.
+    Mcp(crate::mcp::stdio::McpArgs),
     /// Create an agent (Spawn). Prints the agent: at once for --background,
     /// once it is settled otherwise.
     ///

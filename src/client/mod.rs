@@ -5,6 +5,11 @@
 /// Server address used when neither `--addr` nor `SUBAGENTD_ADDR` is set.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
 
+/// The largest response a client accepts: tonic's default of 4 MiB is too
+/// small for a `status` page of up to 1000 agents that each carry their
+/// result.
+pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+
 /// Adds `http://` when the address has no scheme, so `127.0.0.1:50051` works
 /// as well as the full URL that tonic requires.
 pub fn normalize_addr(addr: &str) -> String {

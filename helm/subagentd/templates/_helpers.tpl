@@ -55,6 +55,7 @@ Fixed container ports: the config's listen addresses use them.
 */}}
 {{- define "subagentd.grpcContainerPort" -}}50051{{- end }}
 {{- define "subagentd.metricsContainerPort" -}}9464{{- end }}
+{{- define "subagentd.httpContainerPort" -}}50080{{- end }}
 
 {{/*
 The environment variable that holds an openai agent's API key: apiKeyEnv, or
@@ -364,6 +365,25 @@ max_transcript_bytes = {{ include "subagentd.tomlInt" .maxTranscriptBytes }}
 {{- end }}
 {{- end }}
 
+[mcp]
+{{- with $v.mcp }}
+{{- if hasKey . "approvals" }}
+approvals = {{ include "subagentd.tomlString" .approvals }}
+{{- end }}
+{{- if hasKey . "maxAwait" }}
+max_await = {{ include "subagentd.tomlString" .maxAwait }}
+{{- end }}
+{{- if hasKey . "maxResultChars" }}
+max_result_chars = {{ include "subagentd.tomlInt" .maxResultChars }}
+{{- end }}
+{{- end }}
+
+[http]
+listen = {{ if $v.http.enabled }}"0.0.0.0:{{ include "subagentd.httpContainerPort" . }}"{{ else }}""{{ end }}
+{{- if and $v.http.enabled $v.http.tls $v.tls.secret }}
+tls = true
+{{- end }}
+
 [store]
 backend = {{ include "subagentd.tomlString" $v.store.backend }}
 {{- if eq (toString $v.store.backend) "embedded" }}
@@ -563,6 +583,9 @@ a worker key for the workers), and an explicit opt-in for mode none.
 {{- end }}
 {{- if and .Values.metrics.tls (not .Values.tls.secret) }}
 {{- fail "metrics.tls: serves tls.secret's certificate: set tls.secret" }}
+{{- end }}
+{{- if and .Values.http.tls (not .Values.tls.secret) }}
+{{- fail "http.tls: serves /mcp with tls.secret's certificate: set tls.secret" }}
 {{- end }}
 {{- if and .Values.worker.enabled .Values.tls.secret (not .Values.worker.tlsSecret) }}
 {{- fail "worker.tlsSecret: with tls.secret the workers need a kubernetes.io/tls Secret with ca.crt (to verify the server) and their client certificate" }}

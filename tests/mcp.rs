@@ -1,0 +1,408 @@
+//! The lead tools over MCP (issue 33), through rmcp's client: `subagentd
+//! mcp` as a child process against a test server with the simulated
+//! runner. Tool listing, background spawn and the inbox await (timed out,
+//! then the result once, then nothing new), refusals as `isError` with
+//! their reason, steer delivered and buffered, cancel one and all,
+//! continue and fork, and a spawn made idempotent by its tool-call id.
+
+mod common;
+
+use common::*;
+use rmcp::{
+    model::{CallToolRequestParams, CallToolResult, JsonObject, RequestMetaObject},
+    service::RunningService,
+    transport::{ConfigureCommandExt, TokioChildProcess},
+    RoleClient, ServiceExt,
+};
+use serde_json::{json, Value};
+
+type Client = RunningService<RoleClient, ()>;
+
+/// `subagentd mcp` for `lead` against `server`.
+async fn mcp(server: &TestServer, lead: &str) -> Client {
+    let addr = server.handle.addr().to_string();
+    let lead = lead.to_owned();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args(["mcp", "--addr", &addr, "--lead-id", &lead])
+            .env_remove("SUBAGENTD_AGENT_ID")
+            .env_remove("SUBAGENTD_TOKEN");
+    });
+    ().serve(TokioChildProcess::new(command).expect("spawn subagentd mcp"))
+        .await
+        .expect("MCP initialize")
+}
+
+fn args(value: Value) -> JsonObject {
+    value.as_object().expect("an object").clone()
+}
+
+async fn call(client: &Client, tool: &str, arguments: Value) -> CallToolResult {
+    call_meta(client, tool, arguments, None).await
+}
+
+async fn call_meta(
+    client: &Client,
+    tool: &str,
+    arguments: Value,
+    meta: Option<Value>,
+) -> CallToolResult {
+    let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(args(arguments));
+    params.meta = meta.map(|m| RequestMetaObject::from(args(m)));
+    client
+        .call_tool(params)
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn structured(result: &CallToolResult) -> &Value {
+    assert_ne!(result.is_error, Some(true), "refused: {}", text(result));
+    result
+        .structured_content
+        .as_ref()
+        .expect("structured content")
+}
+
+/// A spawn with every optional argument null but these.
+fn spawn_args(prompt: &str, extra: Value) -> Value {
+    let mut all = json!({
+        "prompt": prompt, "agent": "simulated", "description": null, "model": "acme/m1",
+        "wait_seconds": null, "timeout_minutes": null, "continue_from": null, "fork": null,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        all[k] = v.clone();
+    }
+    all
+}
+
+async fn spawn_bg(client: &Client, prompt: &str) -> String {
+    let result = call(client, "agent_spawn", spawn_args(prompt, json!({}))).await;
+    structured(&result)["id"].as_str().unwrap().to_owned()
+}
+
+fn await_args(timeout: f64) -> Value {
+    json!({"ids": null, "mode": null, "timeout_seconds": timeout})
+}
+
+#[tokio::test]
+async fn the_tools_list_in_catalogue_order_with_the_configured_types() {
+    let server = TestServer::start("").await;
+    let client = mcp(&server, "lead-list").await;
+    let info = client.peer_info().expect("server info");
+    assert!(info
+        .instructions
+        .as_deref()
+        .is_some_and(|i| i.contains("agent_await")));
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "agent_spawn",
+            "agent_status",
+            "agent_await",
+            "agent_result",
+            "agent_cancel",
+            "agent_steer"
+        ],
+        "agent_approve only with [mcp] approvals = \"lead\""
+    );
+    assert_eq!(
+        tools[0].input_schema["properties"]["agent"]["enum"],
+        json!(["simulated", null])
+    );
+    let again = client.list_all_tools().await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&tools).unwrap(),
+        serde_json::to_value(&again).unwrap(),
+        "a stable tools/list"
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn spawn_in_the_background_then_await_the_result_once() {
+    let mut server = TestServer::start("").await;
+    let client = mcp(&server, "lead-await").await;
+    let spawned = call(
+        &client,
+        "agent_spawn",
+        spawn_args("wait_steer\noutput hi", json!({})),
+    )
+    .await;
+    let agent = structured(&spawned).clone();
+    let id = agent["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        uuid::Uuid::parse_str(&id).unwrap().to_string(),
+        id,
+        "a full UUID"
+    );
+    assert_eq!(agent["status"], "running");
+    assert!(text(&spawned).contains(&format!("id: {id}")));
+
+    // Nothing finished yet: a timeout is a normal answer naming what runs.
+    let waited = call(&client, "agent_await", await_args(0.2)).await;
+    assert_eq!(waited.is_error, Some(false));
+    let body = text(&waited);
+    assert!(body.contains("timed out"), "{body}");
+    assert!(
+        body.contains(&format!("Still running (1):\n- {id} [running]")),
+        "{body}"
+    );
+    assert!(waited.structured_content.is_none(), "await is prose");
+
+    steer(&mut server.client, &id, "go").await;
+    let done = call(&client, "agent_await", await_args(10.0)).await;
+    let body = text(&done);
+    assert!(body.contains(&format!("## {id} [done]")), "{body}");
+    assert!(body.contains("steer: go\nhi"), "{body}");
+    assert!(status_of(&mut server.client, &id)
+        .await
+        .collected_time
+        .is_some());
+
+    let again = call(&client, "agent_await", await_args(0.3)).await;
+    let body = text(&again);
+    assert!(body.contains("timed out"), "no repeat: {body}");
+    assert!(!body.contains(&id), "no repeat: {body}");
+
+    // agent_status shows it, collected; agent_result pages through it.
+    let listed = call(&client, "agent_status", json!({"ids": null, "limit": null})).await;
+    let rows = structured(&listed)["agents"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["collected"], true);
+    assert_eq!(rows[0]["result_preview"], "steer: go\nhi");
+    let page = call(
+        &client,
+        "agent_result",
+        json!({"id": id, "offset": 3, "max_chars": 4, "transcript": null}),
+    )
+    .await;
+    let body = text(&page);
+    assert!(body.contains("er: "), "{body}");
+    assert!(body.contains("offset 7"), "{body}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_long_result_is_cut_with_a_pointer_to_agent_result() {
+    let server = TestServer::start("[mcp]\nmax_result_chars = 200\n").await;
+    let client = mcp(&server, "lead-long").await;
+    let long = "x".repeat(500);
+    let spawned = call(
+        &client,
+        "agent_spawn",
+        spawn_args(&format!("output {long}"), json!({"wait_seconds": 10})),
+    )
+    .await;
+    let agent = structured(&spawned);
+    assert_eq!(agent["status"], "done");
+    assert_eq!(agent["result"].as_str().unwrap().len(), 200);
+    assert_eq!(agent["result_offset"], 200);
+    let id = agent["id"].as_str().unwrap().to_owned();
+    // Returned by the spawn, so collected: the inbox has nothing.
+    let waited = call(&client, "agent_await", await_args(0.2)).await;
+    assert!(!text(&waited).contains(&id), "{}", text(&waited));
+    let rest = call(
+        &client,
+        "agent_result",
+        json!({"id": id, "offset": 200, "max_chars": null, "transcript": null}),
+    )
+    .await;
+    let body = text(&rest);
+    assert!(body.contains("characters 200–400 of 500"), "{body}");
+    assert!(body.contains("offset 400"), "{body}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn refusals_are_tool_errors_that_say_what_to_do() {
+    let server = TestServer::start("[limits]\nmax_background_agents = 1\n").await;
+    let client = mcp(&server, "lead-refused").await;
+    spawn_bg(&client, "wait_steer").await;
+    let refused = call(&client, "agent_spawn", spawn_args("wait_steer", json!({}))).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(
+        text(&refused),
+        "Refused (GLOBAL_LIMIT_REACHED): 1 of 1 background agents are live \
+         (limits.max_background_agents). Wait with agent_await, or cancel one."
+    );
+    let unknown = call(
+        &client,
+        "agent_spawn",
+        spawn_args("hi", json!({"agent": "nosuch"})),
+    )
+    .await;
+    assert_eq!(unknown.is_error, Some(true));
+    assert!(
+        text(&unknown).contains("UNKNOWN_AGENT_TYPE"),
+        "{}",
+        text(&unknown)
+    );
+    assert!(text(&unknown).contains("simulated"), "{}", text(&unknown));
+    // A malformed call is a protocol error, not a tool result.
+    let mut params =
+        CallToolRequestParams::new("agent_spawn").with_arguments(args(json!({"prompt": 42})));
+    params.meta = None;
+    assert!(client.call_tool(params).await.is_err());
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn steer_is_delivered_to_a_running_agent_and_buffered_for_a_queued_one() {
+    let server = TestServer::start("[limits]\ndefault_concurrency = 1\n").await;
+    let client = mcp(&server, "lead-steer").await;
+    let running = spawn_bg(&client, "wait_steer\noutput one").await;
+    let queued = spawn_bg(&client, "wait_steer\noutput two").await;
+    let status = call(
+        &client,
+        "agent_status",
+        json!({"ids": [queued], "limit": null}),
+    )
+    .await;
+    let row = &structured(&status)["agents"][0];
+    assert_eq!(row["status"], "queued");
+    assert!(
+        row["queue_reason"].as_str().unwrap().contains("1/1"),
+        "{row}"
+    );
+    let steer = |id: &str| json!({"id": id, "message": "go"});
+    // The queued one first: steering the running one frees its slot.
+    let buffered = call(&client, "agent_steer", steer(&queued)).await;
+    assert_eq!(structured(&buffered)["delivery"], "buffered");
+    let delivered = call(&client, "agent_steer", steer(&running)).await;
+    assert_eq!(structured(&delivered)["delivery"], "delivered");
+    let all = call(
+        &client,
+        "agent_await",
+        json!({"ids": null, "mode": "all", "timeout_seconds": 20}),
+    )
+    .await;
+    let body = text(&all);
+    assert!(body.contains(&format!("## {running} [done]")), "{body}");
+    assert!(body.contains(&format!("## {queued} [done]")), "{body}");
+    // A finished agent: an error pointing to continue_from.
+    let late = call(&client, "agent_steer", steer(&running)).await;
+    assert_eq!(late.is_error, Some(true));
+    assert!(text(&late).contains("continue_from"), "{}", text(&late));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn cancel_one_then_all_and_a_finished_one_is_reported_as_such() {
+    let server = TestServer::start("").await;
+    let client = mcp(&server, "lead-cancel").await;
+    let one = spawn_bg(&client, "wait_steer").await;
+    let two = spawn_bg(&client, "wait_steer").await;
+    let three = spawn_bg(&client, "wait_steer").await;
+    let cancel = |id: Value, all: Value| json!({"id": id, "all": all, "reason": null});
+    let first = call(&client, "agent_cancel", cancel(json!(one), Value::Null)).await;
+    assert_eq!(structured(&first)["cancelled"], json!([one]));
+    let again = call(&client, "agent_cancel", cancel(json!(one), Value::Null)).await;
+    assert_eq!(structured(&again)["already_finished"], json!([one]));
+    let rest = call(&client, "agent_cancel", cancel(Value::Null, json!(true))).await;
+    let mut cancelled: Vec<String> =
+        serde_json::from_value(structured(&rest)["cancelled"].clone()).unwrap();
+    cancelled.sort();
+    let mut expected = vec![two, three];
+    expected.sort();
+    assert_eq!(cancelled, expected);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn continue_and_fork_a_finished_agent() {
+    let server = TestServer::start("").await;
+    let client = mcp(&server, "lead-continue").await;
+    let first = call(
+        &client,
+        "agent_spawn",
+        spawn_args("output first", json!({"wait_seconds": 10})),
+    )
+    .await;
+    let first_id = structured(&first)["id"].as_str().unwrap().to_owned();
+    let next = call(
+        &client,
+        "agent_spawn",
+        spawn_args(
+            "history\noutput second",
+            json!({"agent": null, "model": null, "continue_from": first_id, "wait_seconds": 10}),
+        ),
+    )
+    .await;
+    let next = structured(&next).clone();
+    assert_eq!(next["status"], "done");
+    assert!(
+        next["result"]
+            .as_str()
+            .unwrap()
+            .contains("turn 1 result: first"),
+        "{next}"
+    );
+    // The first turn was continued: continuing it again names the latest.
+    let stale = call(
+        &client,
+        "agent_spawn",
+        spawn_args(
+            "output again",
+            json!({"agent": null, "model": null, "continue_from": first_id}),
+        ),
+    )
+    .await;
+    assert_eq!(stale.is_error, Some(true));
+    assert!(
+        text(&stale).contains(next["id"].as_str().unwrap()),
+        "{}",
+        text(&stale)
+    );
+    let fork = call(
+        &client,
+        "agent_spawn",
+        spawn_args(
+            "output branch",
+            json!({"agent": null, "model": null, "continue_from": first_id, "fork": true}),
+        ),
+    )
+    .await;
+    assert_ne!(structured(&fork)["id"], next["id"]);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_spawn_retried_with_the_same_tool_call_id_returns_the_first_agent() {
+    let server = TestServer::start("").await;
+    let client = mcp(&server, "lead-idempotent").await;
+    let meta = || Some(json!({"subagentd/toolCallId": "call_abc"}));
+    let first = call_meta(
+        &client,
+        "agent_spawn",
+        spawn_args("wait_steer", json!({})),
+        meta(),
+    )
+    .await;
+    let retry = call_meta(
+        &client,
+        "agent_spawn",
+        spawn_args("wait_steer", json!({})),
+        meta(),
+    )
+    .await;
+    assert_eq!(structured(&first)["id"], structured(&retry)["id"]);
+    let other = call_meta(
+        &client,
+        "agent_spawn",
+        spawn_args("wait_steer", json!({})),
+        Some(json!({"subagentd/toolCallId": "call_def"})),
+    )
+    .await;
+    assert_ne!(structured(&first)["id"], structured(&other)["id"]);
+    client.cancel().await.unwrap();
+}
