@@ -81,7 +81,7 @@ USER 10001:10001
 WORKDIR /tmp
 
 # gRPC API (with grpc.health.v1 and reflection), Prometheus /metrics.
-EXPOSE 50051 9464
+EXPOSE 50051 9464 50080
 
 # SIGTERM starts the graceful drain ([server] shutdown_grace); a second
 # SIGTERM or SIGINT exits at once.

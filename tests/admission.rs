@@ -960,6 +960,7 @@ async fn the_binary_reloads_its_config_on_sighup_and_starts_the_queued_agents() 
         .args(["--listen", &addr])
         .env("RUST_LOG", "warn")
         .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+        .env("SUBAGENTD_HTTP__LISTEN", "127.0.0.1:0")
         .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
         // Not ./subagentd-data: the tests run in the repository.
         .env("SUBAGENTD_STORE__BACKEND", "memory")

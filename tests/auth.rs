@@ -412,6 +412,7 @@ async fn unauthenticated_serving_stays_on_loopback_unless_allowed() {
         let mut config: Config = ConfigSource::from_toml_str(toml).unwrap();
         config.server.listen = "0.0.0.0:0".into();
         config.telemetry.metrics_listen = String::new();
+        config.http.listen = String::new();
         config.store.backend = subagentd::config::StoreBackend::Memory;
         subagentd::server::start(config, ConfigSource::default())
     };

@@ -240,6 +240,7 @@ async fn a_second_server_on_the_same_store_refuses_to_start_embedded() {
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(file.path())
         .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "")
+        .env("SUBAGENTD_HTTP__LISTEN", "")
         .output()
         .unwrap();
     // Never two schedulers over one file: the second server exits at start

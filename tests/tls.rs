@@ -31,6 +31,7 @@ impl TlsServer {
         let source = write_config(&files, toml);
         let mut config: Config = source.load().expect("test config is valid");
         config.server.shutdown_grace = Duration::ZERO;
+        config.http.listen = "127.0.0.1:0".into();
         config.store.backend = subagentd::config::StoreBackend::Memory;
         let handle = server::start(config, source).await.expect("server starts");
         Self { handle, files }
@@ -46,6 +47,7 @@ impl TlsServer {
         };
         let mut config: Config = source.load().expect("test config is valid");
         config.server.shutdown_grace = Duration::ZERO;
+        config.http.listen = "127.0.0.1:0".into();
         server::start(config, source).await.expect("server starts")
     }
 

@@ -28,6 +28,8 @@ pub struct ServerHandle {
     /// `[server] health_listen`'s bound address.
     pub(super) health_addr: Option<SocketAddr>,
     pub(super) metrics_addr: Option<SocketAddr>,
+    /// `[http] listen`'s bound address (`/mcp`).
+    pub(super) http_addr: Option<SocketAddr>,
     pub(super) scheduler: Scheduler,
     pub(super) source: ConfigSource,
     pub(super) health: tonic_health::server::HealthReporter,
@@ -73,6 +75,11 @@ impl ServerHandle {
     /// The bound address of the metrics endpoint, if it is on.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The bound address of the `[http]` listener (`/mcp`), if it is on.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The scheduler behind the API.

@@ -72,6 +72,8 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         shutdown: shutdown.clone(),
     };
     let server = router::serve(&config, parts)?;
+    let http_addr =
+        super::http::serve(&config, addr, keyring.shared(), &tls, &shutdown, &mut tasks).await?;
     let sweeper = background::sweeper(scheduler.clone());
     let health_addr = health_listener(&config, health_service, &shutdown, &mut tasks).await?;
     let store_failed = CancellationToken::new();
@@ -87,7 +89,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         leader_tls: &forward_tls,
     };
     let ha = serving
-        .begin(election, addr, &advertised, metrics_addr)
+        .begin(election, addr, &advertised, metrics_addr, http_addr)
         .await?;
     tasks.push(sweeper);
     start_background(
@@ -104,6 +106,7 @@ pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Serve
         health_addr,
         tls,
         metrics_addr,
+        http_addr,
         scheduler,
         source,
         health,
@@ -274,8 +277,10 @@ impl Serving<'_> {
         addr: SocketAddr,
         advertised: &str,
         metrics_addr: Option<SocketAddr>,
+        http_addr: Option<SocketAddr>,
     ) -> anyhow::Result<Option<HaHandle>> {
         let metrics = metrics_addr.map(tracing::field::display);
+        let http = http_addr.map(tracing::field::display);
         match election {
             Some(election) => {
                 let ha = self.follow(election);
@@ -283,13 +288,14 @@ impl Serving<'_> {
                     %addr,
                     advertise = advertised,
                     metrics,
+                    http,
                     "subagentd listening as a standby; electing a leader"
                 );
                 Ok(Some(ha))
             }
             None => {
                 self.lead_alone().await?;
-                info!(%addr, metrics, "subagentd listening");
+                info!(%addr, metrics, http, "subagentd listening");
                 Ok(None)
             }
         }
@@ -377,10 +383,12 @@ fn check_exposure(config: &Config) -> anyhow::Result<()> {
     if auth.mode != crate::auth::AuthMode::None {
         return Ok(());
     }
-    let listen = config.listen_addr();
-    if listen.ip().is_loopback() {
+    let open = std::iter::once(config.listen_addr())
+        .chain(config.http.listen_addr())
+        .find(|a| !a.ip().is_loopback());
+    let Some(listen) = open else {
         return Ok(());
-    }
+    };
     if !auth.allow_unauthenticated {
         anyhow::bail!(
             "refusing to listen on {listen} without authentication: anyone who reaches the port \

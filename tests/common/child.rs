@@ -22,6 +22,8 @@ pub struct ChildServer {
     pub addr: String,
     /// Its metrics endpoint's address.
     pub metrics: String,
+    /// Its `[http]` listener's address (`/mcp`).
+    pub http: String,
     _config: tempfile::NamedTempFile,
 }
 
@@ -205,12 +207,14 @@ impl ChildServer {
             .arg(config.path())
             .args(["--listen", listen])
             .env("SUBAGENTD_TELEMETRY__METRICS_LISTEN", "127.0.0.1:0")
+            .env("SUBAGENTD_HTTP__LISTEN", "127.0.0.1:0")
             .envs(memory_unless_configured(config_toml, env))
             .envs(env.iter().copied());
         let mut server = Self {
             process: Process::spawn(command),
             addr: String::new(),
             metrics: String::new(),
+            http: String::new(),
             _config: config,
         };
         let listening = server
@@ -221,6 +225,7 @@ impl ChildServer {
             .await;
         server.addr = listening["addr"].as_str().unwrap().to_owned();
         server.metrics = listening["metrics"].as_str().unwrap_or_default().to_owned();
+        server.http = listening["http"].as_str().unwrap_or_default().to_owned();
         server
     }
 

@@ -41,6 +41,7 @@ impl TestServer {
         let mut config: Config = ConfigSource::from_toml_str(toml).expect("test config is valid");
         config.server.listen = "127.0.0.1:0".into();
         config.telemetry.metrics_listen = "127.0.0.1:0".into();
+        config.http.listen = "127.0.0.1:0".into();
         // Tests that stop a server with agents still running do not wait.
         config.server.shutdown_grace = Duration::ZERO;
         memory_unless_configured(&mut config, toml);
@@ -58,6 +59,7 @@ impl TestServer {
         };
         let mut config = source.load().expect("test config is valid");
         config.telemetry.metrics_listen = "127.0.0.1:0".into();
+        config.http.listen = "127.0.0.1:0".into();
         config.server.shutdown_grace = Duration::ZERO;
         memory_unless_configured(&mut config, toml);
         Self::start_config(config, source, Some(file)).await

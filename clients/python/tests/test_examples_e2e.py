@@ -106,7 +106,7 @@ class Server:
             # Parallel servers must not share ./subagentd-data.
             env={
                 **os.environ,
-                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
+                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0", "SUBAGENTD_HTTP__LISTEN": "127.0.0.1:0",
                 "SUBAGENTD_STORE__BACKEND": "memory",
             },
         )

@@ -49,7 +49,7 @@ class DurableServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0"},
+            env={**os.environ, "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0", "SUBAGENTD_HTTP__LISTEN": "127.0.0.1:0"},
         )
         lines: "queue.Queue[str]" = queue.Queue()
         self.reader = threading.Thread(target=_lines, args=(self.proc.stderr, lines), daemon=True)

@@ -87,7 +87,7 @@ class Server:
             # Stopping does not wait for runs still going.
             env={
                 **os.environ,
-                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0",
+                "SUBAGENTD_TELEMETRY__METRICS_LISTEN": "127.0.0.1:0", "SUBAGENTD_HTTP__LISTEN": "127.0.0.1:0",
                 "SUBAGENTD_SERVER__SHUTDOWN_GRACE": "0s",
                 # Parallel servers must not share ./subagentd-data.
                 "SUBAGENTD_STORE__BACKEND": "memory",

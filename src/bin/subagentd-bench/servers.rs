@@ -240,6 +240,8 @@ impl ServerProcess {
                     metrics_addr.to_string(),
                 )
                 .env("SUBAGENTD_SERVER__SHUTDOWN_GRACE", "0s")
+                // No /mcp listener: it would contend for its fixed port.
+                .env("SUBAGENTD_HTTP__LISTEN", "")
                 .env("RUST_LOG", "warn")
                 .envs(store_env);
             Some(metrics_addr)

@@ -1,0 +1,223 @@
+//! The `[http]` listener: MCP's streamable HTTP transport at `/mcp`.
+//!
+//! Every request is authenticated as a gRPC call is (the `authorization`
+//! header: an API key, a JWT, a run token) and answered 401 without a valid
+//! one. The tools then reach the service through its own gRPC listener
+//! with that same credential, so roles, tenants, the policy table and a
+//! standby's forwarding apply unchanged: `/mcp` can do nothing the caller's
+//! credential could not do over gRPC.
+//!
+//! The lead is the `subagentd-lead-id` header, else the credential's
+//! principal name (without authentication: `mcp-http`, one lead shared by
+//! every caller).
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use axum::{
+    extract::{Request, State},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use futures_util::future::BoxFuture;
+use rmcp::transport::streamable_http_server::{
+    session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::{metadata::AsciiMetadataValue, transport::Channel};
+use tracing::error;
+
+use crate::{
+    auth::{Credential, SharedAuthenticator},
+    config::Config,
+    mcp::{LeadServer, Owner, Session, SessionSource, Settings, Tools},
+};
+
+/// The header that names the lead of an `/mcp` request.
+pub const LEAD_HEADER: &str = "subagentd-lead-id";
+/// The lead of `/mcp` requests without authentication or a lead header.
+pub const SHARED_LEAD: &str = "mcp-http";
+/// The header that picks which of a JWT's tenants to act in.
+const TENANT_HEADER: &str = "subagentd-tenant";
+
+/// Serves `/mcp` on `[http] listen` until `shutdown`; its bound address,
+/// or None when it is off. Calls reach the gRPC API at `grpc` (this
+/// server's own listener).
+pub(super) async fn serve(
+    config: &Config,
+    grpc: SocketAddr,
+    authenticator: SharedAuthenticator,
+    tls: &Option<Arc<crate::tls::Acceptor>>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(listen) = config.http.listen_addr() else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} ([http] listen)"))?;
+    let bound = listener.local_addr()?;
+    let sessions = Arc::new(HttpSessions {
+        channel: own_channel(config, grpc, tls)?,
+        authenticator: authenticator.clone(),
+    });
+    let mut mcp_config = StreamableHttpServerConfig::default()
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        .with_cancellation_token(shutdown.child_token());
+    // Off loopback the Host check would refuse every real host name; the
+    // listener then requires authentication (or an explicit opt-out), which
+    // is what DNS rebinding would need to get past.
+    if !listen.ip().is_loopback() {
+        mcp_config = mcp_config.disable_allowed_hosts();
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(LeadServer::new(sessions.clone())),
+        LocalSessionManager::default().into(),
+        mcp_config,
+    );
+    let app = axum::Router::new().nest_service("/mcp", service).layer(
+        axum::middleware::from_fn_with_state(authenticator, authenticate),
+    );
+    let tls = tls.clone().filter(|_| config.http.tls);
+    let shutdown = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let served = match tls {
+            Some(acceptor) => {
+                axum::serve(crate::tls::Http1Listener::new(listener, acceptor), app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+        };
+        if let Err(e) = served {
+            error!(error = %e, "the [http] listener stopped");
+        }
+    }));
+    Ok(Some(bound))
+}
+
+/// Refuses a request whose credential the gRPC API would refuse: 401 with
+/// the cause, as the MCP authorization spec expects of an HTTP server.
+async fn authenticate(
+    State(authenticator): State<SharedAuthenticator>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    let credential = Credential {
+        authorization: headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+        peer_sans: None,
+        tenant: headers.get(TENANT_HEADER).map(|v| v.as_bytes()),
+    };
+    match authenticator.load().authenticate_call(credential) {
+        Ok(_) => next.run(request).await,
+        Err(e) => (
+            http::StatusCode::UNAUTHORIZED,
+            [(http::header::WWW_AUTHENTICATE, "Bearer")],
+            format!("{e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// A channel to this server's own gRPC listener: over loopback when it
+/// listens on every address, with TLS when it serves TLS (verified with
+/// `[ha] tls_ca_file`, else `[server.tls] client_ca_file`, else the web
+/// roots, for the certificate's own DNS name). It presents no client
+/// certificate: each call speaks with its caller's bearer credential.
+fn own_channel(
+    config: &Config,
+    grpc: SocketAddr,
+    tls: &Option<Arc<crate::tls::Acceptor>>,
+) -> anyhow::Result<Channel> {
+    let mut addr = grpc;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))?
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(acceptor) = tls {
+        let ca = [&config.ha.tls_ca_file, &config.server.tls.client_ca_file]
+            .into_iter()
+            .find(|f| !f.is_empty())
+            .cloned();
+        let mut client = crate::tls::ClientTls {
+            ca_file: ca,
+            cert_file: None,
+            key_file: None,
+        }
+        .config()
+        .context("TLS from /mcp to this server's gRPC listener")?;
+        if let Some(name) = acceptor.own_dns_name() {
+            client = client.domain_name(name.to_string());
+        }
+        endpoint = endpoint.tls_config(client)?;
+    }
+    Ok(endpoint.connect_lazy())
+}
+
+/// The tools of each `/mcp` request: its credential and lead, and the
+/// server's configuration as GetServerInfo reads it with that credential.
+struct HttpSessions {
+    channel: Channel,
+    authenticator: SharedAuthenticator,
+}
+
+impl SessionSource for HttpSessions {
+    fn tools(&self, parts: Option<&http::request::Parts>) -> BoxFuture<'_, Result<Tools, String>> {
+        let headers = parts.map(|p| p.headers.clone()).unwrap_or_default();
+        Box::pin(async move {
+            let authorization = headers.get(http::header::AUTHORIZATION);
+            let credential = authorization
+                .map(|v| AsciiMetadataValue::try_from(v.as_bytes()))
+                .transpose()
+                .map_err(|_| "the authorization header is not ASCII".to_owned())?;
+            let lead = match headers.get(LEAD_HEADER).and_then(|v| v.to_str().ok()) {
+                Some(lead) if !lead.trim().is_empty() => lead.trim().to_owned(),
+                _ => self.principal_lead(&headers),
+            };
+            let session = Session::new(self.channel.clone(), credential, Owner::Lead(lead));
+            let info = session
+                .server_info()
+                .await
+                .map_err(|s| crate::mcp::refusal::refusal_text(&s))?;
+            Ok(Tools {
+                settings: Settings::from_server_info(&info),
+                session,
+            })
+        })
+    }
+}
+
+impl HttpSessions {
+    /// The lead of a request without a lead header: its principal's name,
+    /// or the shared lead without authentication.
+    fn principal_lead(&self, headers: &http::HeaderMap) -> String {
+        let authenticator = self.authenticator.load();
+        if !authenticator.required() {
+            return SHARED_LEAD.to_owned();
+        }
+        let credential = Credential {
+            authorization: headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+            peer_sans: None,
+            tenant: headers.get(TENANT_HEADER).map(|v| v.as_bytes()),
+        };
+        authenticator
+            .authenticate_call(credential)
+            .map_or_else(|_| SHARED_LEAD.to_owned(), |p| p.name.to_string())
+    }
+}
