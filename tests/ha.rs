@@ -809,3 +809,56 @@ async fn of_three_servers_exactly_one_leads_before_and_after_a_kill() {
         assert_eq!(server.stop().await.code(), Some(0));
     }
 }
+
+/// `/mcp` on a standby (issue 33 §4): its tools call the standby's own
+/// gRPC API, which forwards to the leader, so an agent spawned through a
+/// standby's `/mcp` lives on the leader and its result comes back there.
+#[tokio::test]
+async fn mcp_over_http_on_a_standby_reaches_the_leader() {
+    use rmcp::{
+        model::CallToolRequestParams,
+        transport::{
+            streamable_http_client::StreamableHttpClientTransportConfig,
+            StreamableHttpClientTransport,
+        },
+        ServiceExt,
+    };
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let toml = config(&db, "2s");
+    let (leader, standby) = leader_then_standby(&toml).await;
+    let mut headers = std::collections::HashMap::new();
+    headers.insert(
+        http::HeaderName::from_static("subagentd-lead-id"),
+        http::HeaderValue::from_static("standby-lead"),
+    );
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", standby.http))
+            .custom_headers(headers),
+    );
+    let client = ().serve(transport).await.expect("MCP on the standby");
+    let args = serde_json::json!({
+        "prompt": "output via the standby", "agent": "simulated", "description": null,
+        "model": "acme/m", "wait_seconds": 10, "timeout_minutes": null, "continue_from": null,
+        "fork": null,
+    });
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("agent_spawn")
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let spawned = result.structured_content.expect("structured content");
+    assert_eq!(spawned["status"], "done", "{spawned}");
+    assert_eq!(spawned["result"], "via the standby");
+    let id = spawned["id"].as_str().unwrap();
+    let on_leader = common::status_of(&mut leader.client().await, id).await;
+    assert_eq!(on_leader.lead_id, "standby-lead");
+    assert!(
+        on_leader.collected_time.is_some(),
+        "collected on the leader"
+    );
+    client.cancel().await.unwrap();
+}

@@ -406,3 +406,287 @@ async fn a_spawn_retried_with_the_same_tool_call_id_returns_the_first_agent() {
     assert_ne!(structured(&first)["id"], structured(&other)["id"]);
     client.cancel().await.unwrap();
 }
+
+/// An MCP client inside a command run: drives `subagentd mcp` over stdio
+/// (newline-delimited JSON-RPC) and prints what `agent_spawn` and
+/// `agent_await` answered, one JSON line each.
+const NESTED_DRIVER: &str = r#"
+import json, os, subprocess, sys
+mcp = subprocess.Popen([os.environ["SUBAGENTD_BIN"], "mcp"], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, text=True)
+def send(message):
+    mcp.stdin.write(json.dumps(message) + "\n")
+    mcp.stdin.flush()
+def answer(id):
+    for line in mcp.stdout:
+        message = json.loads(line)
+        if message.get("id") == id:
+            return message
+    sys.exit("subagentd mcp ended early")
+send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "nested", "version": "0"}}})
+answer(1)
+send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "agent_spawn",
+    "arguments": {"prompt": "output from the child", "agent": "simulated", "model": "acme/m1",
+                  "description": "nested", "wait_seconds": None, "timeout_minutes": None,
+                  "continue_from": None, "fork": None}}})
+print(json.dumps(answer(2)["result"]["structuredContent"]))
+send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "agent_await",
+    "arguments": {"ids": None, "mode": "all", "timeout_seconds": 20}}})
+print(json.dumps(answer(3)["result"]["content"][0]["text"]))
+mcp.stdin.close()
+sys.exit(mcp.wait())
+"#;
+
+#[tokio::test]
+async fn a_nested_mcp_server_spawns_children_of_the_agent_it_runs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("driver.py");
+    std::fs::write(&script, NESTED_DRIVER).unwrap();
+    let toml = format!(
+        "[agents.simulated]\nrunner = \"simulated\"\n\n[agents.nester]\nrunner = \"command\"\n\
+         command = [\"python3\", {}]\nenv = {{ SUBAGENTD_BIN = {} }}\n",
+        serde_json::to_string(script.to_str().unwrap()).unwrap(),
+        serde_json::to_string(env!("CARGO_BIN_EXE_subagentd")).unwrap()
+    );
+    let mut server = TestServer::start(&toml).await;
+    let outer = spawn(
+        &mut server.client,
+        subagentd::pb::SpawnRequest {
+            agent: "nester".into(),
+            model: "acme/m1".into(),
+            prompt: "go".into(),
+            background: true,
+            lead_id: "outer-lead".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let outer = await_all(&mut server.client, &[&outer.id]).await.remove(0);
+    assert_eq!(
+        status(&outer),
+        subagentd::pb::AgentStatus::Done,
+        "{outer:?}"
+    );
+    let mut lines = outer.result.lines();
+    let spawned: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    let child_id = spawned["id"].as_str().unwrap();
+    let child = status_of(&mut server.client, child_id).await;
+    assert_eq!(child.parent_id, outer.id, "a child of the agent it runs in");
+    assert_eq!(child.depth, 2);
+    assert_eq!(child.lead_id, "outer-lead", "in its parent's lead");
+    let awaited: String = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert!(
+        awaited.contains(&format!("## {child_id} [done]")) && awaited.contains("from the child"),
+        "the inbox is the agent's children: {awaited}"
+    );
+    assert!(child.collected_time.is_some());
+}
+
+/// A client whose user answers every elicitation with `decision`.
+#[derive(Clone)]
+struct Approver {
+    decision: &'static str,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl rmcp::ClientHandler for Approver {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        rmcp::model::ClientConfig::new(
+            rmcp::model::ClientCapabilities::builder()
+                .enable_elicitation()
+                .build(),
+            rmcp::model::Implementation::new("approver", "0.0.0"),
+        )
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        if let rmcp::model::ElicitRequestParams::FormElicitationParams { message, .. } = &request {
+            self.asked.lock().unwrap().push(message.clone());
+        }
+        Ok(
+            rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+                .with_content(json!({"decision": self.decision, "note": "from the test"})),
+        )
+    }
+}
+
+#[tokio::test]
+async fn a_pending_approval_is_put_to_the_user_and_the_wait_goes_on() {
+    let server = TestServer::start("").await;
+    let addr = server.handle.addr().to_string();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args(["mcp", "--addr", &addr, "--lead-id", "lead-elicit"])
+            .env_remove("SUBAGENTD_AGENT_ID");
+    });
+    let approver = Approver {
+        decision: "approve",
+        asked: Default::default(),
+    };
+    let client = approver
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    let id = spawn_bg_with(&client, "approve shell\noutput after").await;
+    let done = call_with(
+        &client,
+        "agent_await",
+        json!({"ids": null, "mode": null, "timeout_seconds": 20}),
+    )
+    .await;
+    let body = text(&done);
+    assert!(
+        body.contains(&format!("The user approved {id}'s call of shell.")),
+        "{body}"
+    );
+    assert!(body.contains(&format!("## {id} [done]")), "{body}");
+    assert!(body.contains("approved: shell"), "{body}");
+    let asked = approver.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("asks to call shell"), "{asked:?}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_elicitation_the_approval_is_named_with_the_command_to_decide_it() {
+    let server = TestServer::start("").await;
+    let client = mcp(&server, "lead-no-elicit").await;
+    let id = spawn_bg(&client, "approve shell\noutput after").await;
+    let pending = call(&client, "agent_await", await_args(20.0)).await;
+    let body = text(&pending);
+    assert!(
+        body.contains(&format!("## {id} [awaiting_approval]")),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!("`subagentd approve {id} ")),
+        "{body}"
+    );
+    // Still pending: agent_status shows the approval too.
+    let status = call(&client, "agent_status", json!({"ids": [id], "limit": null})).await;
+    let row = &structured(&status)["agents"][0];
+    assert_eq!(row["approval_tool"], "shell");
+    assert!(row["approval_id"].is_string());
+    assert_eq!(row["collected"], false);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_lead_approvals_the_model_decides_with_agent_approve() {
+    let server = TestServer::start("[mcp]\napprovals = \"lead\"\n").await;
+    let client = mcp(&server, "lead-decides").await;
+    let names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names.last().map(String::as_str), Some("agent_approve"));
+    let id = spawn_bg(&client, "approve shell\noutput after").await;
+    let pending = call(&client, "agent_await", await_args(20.0)).await;
+    assert!(
+        text(&pending).contains("Decide it with agent_approve"),
+        "{}",
+        text(&pending)
+    );
+    let status = call(&client, "agent_status", json!({"ids": [id], "limit": null})).await;
+    let approval_id = structured(&status)["agents"][0]["approval_id"].clone();
+    let decided = call(
+        &client,
+        "agent_approve",
+        json!({"id": id, "approval_id": approval_id, "decision": "deny", "note": "not now"}),
+    )
+    .await;
+    assert_eq!(structured(&decided)["decision"], "deny");
+    let done = call(&client, "agent_await", await_args(20.0)).await;
+    assert!(
+        text(&done).contains("denied: shell: not now"),
+        "{}",
+        text(&done)
+    );
+    client.cancel().await.unwrap();
+}
+
+async fn spawn_bg_with<S: rmcp::service::Service<RoleClient>>(
+    client: &RunningService<RoleClient, S>,
+    prompt: &str,
+) -> String {
+    let result = call_with(client, "agent_spawn", spawn_args(prompt, json!({}))).await;
+    structured(&result)["id"].as_str().unwrap().to_owned()
+}
+
+async fn call_with<S: rmcp::service::Service<RoleClient>>(
+    client: &RunningService<RoleClient, S>,
+    tool: &str,
+    arguments: Value,
+) -> CallToolResult {
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(args(arguments)))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+#[tokio::test]
+async fn a_traceparent_in_meta_becomes_the_spawns_trace() {
+    let mut server = TestServer::start("").await;
+    let client = mcp(&server, "lead-trace").await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let spawned = call_meta(
+        &client,
+        "agent_spawn",
+        spawn_args("output traced", json!({})),
+        Some(json!({"traceparent": format!("00-{trace}-00f067aa0ba902b7-01")})),
+    )
+    .await;
+    let id = structured(&spawned)["id"].as_str().unwrap().to_owned();
+    assert_eq!(status_of(&mut server.client, &id).await.trace_id, trace);
+    client.cancel().await.unwrap();
+}
+
+/// Counts the progress notifications it receives.
+#[derive(Clone, Default)]
+struct ProgressCounter(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ClientHandler for ProgressCounter {
+    async fn on_progress(
+        &self,
+        _params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_long_await_sends_progress_while_it_waits() {
+    let server = TestServer::start("").await;
+    let addr = server.handle.addr().to_string();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args(["mcp", "--addr", &addr, "--lead-id", "lead-progress"])
+            .env_remove("SUBAGENTD_AGENT_ID");
+    });
+    let counter = ProgressCounter::default();
+    let client = counter
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    spawn_bg_with(&client, "wait_steer").await;
+    // Nothing finishes: the await runs to its timeout, past one progress
+    // interval (5 s).
+    let waited = call_with(&client, "agent_await", await_args(6.0)).await;
+    assert!(text(&waited).contains("timed out"), "{}", text(&waited));
+    assert!(
+        counter.0.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "no progress notification"
+    );
+    client.cancel().await.unwrap();
+}

@@ -1,7 +1,8 @@
 //! GetServerInfo over loopback gRPC: the version and every configured agent
 //! type (description, runner, default model, continuable) as a client that
-//! adapts to the server reads them, after a reload too; any authenticated
-//! caller may ask, an unauthenticated one may not.
+//! adapts to the server reads them, after a reload too, and the `[mcp]`
+//! settings; any authenticated caller may ask, an unauthenticated one may
+//! not.
 
 mod common;
 
@@ -62,6 +63,18 @@ async fn server_info_lists_the_version_and_every_agent_type_as_configured() {
             continuable: false,
         }
     );
+    assert_eq!(
+        info.mcp,
+        Some(pb::McpSettings {
+            approvals: "human".into(),
+            max_await: Some(prost_types::Duration {
+                seconds: 50,
+                nanos: 0
+            }),
+            max_result_chars: 8000,
+        }),
+        "the [mcp] defaults"
+    );
 
     // A reload changes what it says at once.
     s.rewrite_and_reload(&format!(
@@ -76,6 +89,25 @@ async fn server_info_lists_the_version_and_every_agent_type_as_configured() {
     assert_eq!(type_named(&info, "writer").description, "Writes.");
     assert_eq!(info.agent_types.len(), 3);
     s.handle.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn server_info_carries_the_mcp_settings_as_configured() {
+    let s = TestServer::start(
+        "[mcp]\napprovals = \"lead\"\nmax_await = \"20s\"\nmax_result_chars = 500\n",
+    )
+    .await;
+    let info = s
+        .client
+        .clone()
+        .get_server_info(pb::GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mcp = info.mcp.expect("[mcp] settings");
+    assert_eq!(mcp.approvals, "lead");
+    assert_eq!(mcp.max_await.map(|d| d.seconds), Some(20));
+    assert_eq!(mcp.max_result_chars, 500);
 }
 
 #[tokio::test]

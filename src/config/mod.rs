@@ -676,6 +676,12 @@ mod tests {
                 "2h",
                 |c| c.conversations.retention == Duration::from_secs(7200),
             ),
+            ("mcp", "SUBAGENTD_MCP__APPROVALS", "lead", |c| {
+                c.mcp.approvals == McpApprovals::Lead
+            }),
+            ("http", "SUBAGENTD_HTTP__LISTEN", "", |c| {
+                c.http.listen.is_empty()
+            }),
         ];
         let mut covered: Vec<&str> = cases.iter().map(|c| c.0).collect();
         covered.sort_unstable();
@@ -717,7 +723,10 @@ mod tests {
                 jail.set_env(typo, "1");
                 let err = ConfigSource::default().load().expect_err(typo).to_string();
                 assert!(err.contains(typo), "names the variable: {err}");
-                assert!(err.contains("limits, runs"), "lists the sections: {err}");
+                assert!(
+                    err.contains("limits, mcp, runs"),
+                    "lists the sections: {err}"
+                );
                 jail.clear_env();
             }
             Ok(())

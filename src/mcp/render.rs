@@ -175,9 +175,9 @@ pub fn await_text(view: &AwaitView<'_>, notes: &[String]) -> String {
             "{}",
             if view.timed_out {
                 format!(
-                    "Nothing new finished within {}s (timed out: a normal answer). Call \
+                    "Nothing new finished within {:.1}s (timed out: a normal answer). Call \
                      agent_await again to keep waiting.",
-                    view.waited.as_secs()
+                    view.waited.as_secs_f64()
                 )
             } else {
                 "Nothing to wait for: no agent of yours is running, and every result was \
@@ -199,7 +199,8 @@ pub fn await_text(view: &AwaitView<'_>, notes: &[String]) -> String {
             } else {
                 let _ = writeln!(
                     out,
-                    "A person must decide it: subagentd approve {} --approval-id {} (or --deny).",
+                    "A person must decide it: `subagentd approve {} {}` (add --deny to refuse). \
+                     Until then it waits.",
                     agent.id, approval.id
                 );
             }
@@ -250,7 +251,7 @@ fn headline(agent: &pb::Agent) -> String {
         let _ = write!(line, " {}", agent.description);
     }
     let _ = write!(line, " ({}", agent.agent);
-    if agent.elapsed_ms > 0 {
+    if agent.started_at.is_some() {
         let _ = write!(line, ", {:.1}s", agent.elapsed_ms as f64 / 1000.0);
     }
     line.push(')');

@@ -159,10 +159,10 @@ def _normalize(lines, lead_id, ids):
     return out
 
 
-def _build_typescript() -> None:
-    """tsc, when dist/ is missing or older than a source file."""
+def _build_typescript(target: Path = TS_EXAMPLE) -> None:
+    """tsc, when `target` (a file of dist/) is missing or older than a source file."""
     sources = list((TS_DIR / "src").glob("*.ts")) + [TS_DIR / "tsconfig.json"]
-    if TS_EXAMPLE.exists() and TS_EXAMPLE.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+    if target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return
     tsc = TS_DIR / "node_modules" / "typescript" / "bin" / "tsc"
     built = subprocess.run(

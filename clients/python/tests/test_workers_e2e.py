@@ -103,6 +103,8 @@ class Server:
         self.addr = line.split("addr=")[1].split()[0]
         #: The metrics endpoint (host:port).
         self.metrics = line.split("metrics=")[1].split()[0]
+        #: The [http] listener that serves /mcp (host:port); None when it is off.
+        self.http = line.split("http=")[1].split()[0] if " http=" in line else None
         self.channel = grpc.insecure_channel(self.addr)
         self.agents = subagents_pb2_grpc.AgentServiceStub(self.channel)
 
