@@ -862,3 +862,63 @@ async fn mcp_over_http_on_a_standby_reaches_the_leader() {
     );
     client.cancel().await.unwrap();
 }
+
+/// `subagentd mcp` in front of a server that knows no leader: it starts
+/// anyway (a host starts its MCP servers early), and a tool call retries
+/// `NO_LEADER` a few times, then answers it as a tool error the model can
+/// read, not a protocol error.
+#[tokio::test]
+async fn mcp_tools_retry_no_leader_then_report_it() {
+    use rmcp::{
+        model::CallToolRequestParams,
+        transport::{ConfigureCommandExt, TokioChildProcess},
+        ServiceExt,
+    };
+    let toml = "[store]\nbackend = \"postgres\"\nurl = \"postgres://subagentd@127.0.0.1:1/none?connect_timeout=1\"\n\n[ha]\nlease_ttl = \"1s\"\n";
+    let mut server = ChildServer::start_unready(toml, &[]).await;
+    server
+        .log_line(|v| v["message"] == "cannot reach the lease; retrying")
+        .await;
+    let addr = server.addr.clone();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args(["mcp", "--addr", &addr, "--lead-id", "no-leader"])
+            .env_remove("SUBAGENTD_AGENT_ID")
+            .env_remove("SUBAGENTD_TOKEN");
+    });
+    let client =
+        ().serve(TokioChildProcess::new(command).unwrap())
+            .await
+            .expect("subagentd mcp starts without a leader");
+    let args = serde_json::json!({
+        "prompt": "output x", "agent": "simulated", "description": null, "model": "acme/m",
+        "wait_seconds": null, "timeout_minutes": null, "continue_from": null, "fork": null,
+    });
+    let refused = client
+        .call_tool(
+            CallToolRequestParams::new("agent_spawn")
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_eq!(refused.is_error, Some(true));
+    let text = refused.content[0].as_text().unwrap().text.clone();
+    assert!(text.starts_with("Refused (NO_LEADER)"), "{text}");
+    // Tried five times (with backoff) before it was reported.
+    let body = reqwest::get(format!("http://{}/metrics", server.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let tries = body
+        .lines()
+        .find(|l| {
+            l.starts_with("subagentd_rpc_requests_total{")
+                && l.contains("method=\"GetServerInfo\"")
+                && l.contains("code=\"UNAVAILABLE\"")
+        })
+        .unwrap_or_else(|| panic!("no refused GetServerInfo in {body}"));
+    assert!(tries.ends_with(" 5"), "{tries}");
+    client.cancel().await.unwrap();
+    assert_eq!(server.stop().await.code(), Some(0));
+}

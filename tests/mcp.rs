@@ -20,10 +20,16 @@ type Client = RunningService<RoleClient, ()>;
 
 /// `subagentd mcp` for `lead` against `server`.
 async fn mcp(server: &TestServer, lead: &str) -> Client {
+    mcp_with(server, lead, &[]).await
+}
+
+/// `subagentd mcp` for `lead` against `server`, with `extra` flags.
+async fn mcp_with(server: &TestServer, lead: &str, extra: &[&str]) -> Client {
     let addr = server.handle.addr().to_string();
     let lead = lead.to_owned();
     let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
         c.args(["mcp", "--addr", &addr, "--lead-id", &lead])
+            .args(extra)
             .env_remove("SUBAGENTD_AGENT_ID")
             .env_remove("SUBAGENTD_TOKEN");
     });
@@ -689,4 +695,31 @@ async fn a_long_await_sends_progress_while_it_waits() {
         "no progress notification"
     );
     client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn at_end_of_input_the_agents_run_on_unless_cancel_on_exit() {
+    let mut server = TestServer::start("").await;
+    let client = mcp(&server, "lead-stays").await;
+    let kept = spawn_bg(&client, "wait_steer").await;
+    client.cancel().await.unwrap();
+    let client = mcp_with(&server, "lead-goes", &["--cancel-on-exit"]).await;
+    let gone = spawn_bg(&client, "wait_steer").await;
+    client.cancel().await.unwrap();
+    let ended = await_all(&mut server.client, &[&gone]).await.remove(0);
+    assert_eq!(status(&ended), subagentd::pb::AgentStatus::Cancelled);
+    assert!(
+        ended
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("MCP session of lead lead-goes ended"),
+        "{ended:?}"
+    );
+    assert_eq!(
+        status(&status_of(&mut server.client, &kept).await),
+        subagentd::pb::AgentStatus::Running,
+        "left to its deadline"
+    );
 }

@@ -696,3 +696,79 @@ async fn health_listen_serves_plaintext_health_and_nothing_else() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented, "{err:?}");
 }
+
+/// `[http] tls = true`: `/mcp` over HTTPS with `[server.tls]`'s certificate,
+/// its tools reaching the gRPC listener over TLS; plain HTTP gets nothing.
+#[tokio::test]
+async fn mcp_over_https_with_the_servers_certificate() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let tls = files.server_tls(&ca.server(), Some(&ca), "optional");
+    let toml = format!("{AGENTS}\n[http]\ntls = true\n\n[server.tls]\n{tls}");
+    let s = TlsServer::start(files, &toml).await;
+    let addr = s.handle.http_addr().expect("/mcp");
+    let url = format!("https://localhost:{}/mcp", addr.port());
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem.as_bytes()).unwrap())
+        .resolve("localhost", addr)
+        .build()
+        .unwrap();
+    // One JSON-RPC message; the answer to `id` (SSE or JSON), if any.
+    let rpc = |session: Option<String>, body: serde_json::Value| {
+        let mut request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        async move {
+            let response = request.send().await.expect("/mcp answers over TLS");
+            assert!(response.status().is_success(), "{response:?}");
+            let session = response
+                .headers()
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let text = response.text().await.unwrap();
+            let answer = text
+                .lines()
+                .map(|l| l.strip_prefix("data:").unwrap_or(l).trim())
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v.get("id").is_some());
+            (session, answer)
+        }
+    };
+    let (session, init) = rpc(
+        None,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "tls-test", "version": "0"}}}),
+    )
+    .await;
+    assert_eq!(init.unwrap()["result"]["serverInfo"]["name"], "subagentd");
+    rpc(
+        session.clone(),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, spawned) = rpc(
+        session,
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "agent_spawn", "arguments": {
+                "prompt": "output over https", "agent": "simulated", "description": null,
+                "model": "acme/m", "wait_seconds": 10, "timeout_minutes": null,
+                "continue_from": null, "fork": null}}}),
+    )
+    .await;
+    let result = &spawned.unwrap()["result"];
+    assert_eq!(result["structuredContent"]["status"], "done", "{result}");
+    assert_eq!(result["structuredContent"]["result"], "over https");
+
+    let plain = reqwest::Client::new()
+        .post(format!("http://{addr}/mcp"))
+        .body("{}")
+        .send()
+        .await;
+    assert!(plain.map(|r| !r.status().is_success()).unwrap_or(true));
+}

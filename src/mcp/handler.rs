@@ -57,12 +57,9 @@ impl LeadServer {
         Self { source }
     }
 
-    async fn tools_for(&self, context: &RequestContext<RoleServer>) -> Result<Tools, ErrorData> {
+    async fn tools_for(&self, context: &RequestContext<RoleServer>) -> Result<Tools, String> {
         let parts = context.extensions.get::<http::request::Parts>();
-        self.source
-            .tools(parts)
-            .await
-            .map_err(|e| ErrorData::internal_error(e, None))
+        self.source.tools(parts).await
     }
 }
 
@@ -78,7 +75,10 @@ impl ServerHandler for LeadServer {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = self.tools_for(&context).await?;
+        let tools = self
+            .tools_for(&context)
+            .await
+            .map_err(|e| ErrorData::internal_error(e, None))?;
         Ok(ListToolsResult::with_all_items(catalogue::mcp_tools(
             &tools.settings.tools,
         )))
@@ -95,7 +95,12 @@ impl ServerHandler for LeadServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let tools = self.tools_for(&context).await?;
+        // The service out of reach (or refusing GetServerInfo) is a refusal
+        // the model can read, not a protocol error.
+        let tools = match self.tools_for(&context).await {
+            Ok(tools) => tools,
+            Err(why) => return Ok(CallToolResult::error(vec![ContentBlock::text(why)]).into()),
+        };
         let call = CallContext {
             tool_call_id: meta_string(&context, TOOL_CALL_ID_META),
             traceparent: meta_string(&context, "traceparent")

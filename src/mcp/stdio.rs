@@ -10,8 +10,10 @@ use anyhow::Context as _;
 use rmcp::ServiceExt as _;
 use tonic::transport::Endpoint;
 
+use futures_util::future::BoxFuture;
+
 use super::{
-    handler::LeadServer,
+    handler::{LeadServer, SessionSource},
     session::{Owner, Session},
     tools::{Settings, Tools},
 };
@@ -73,19 +75,17 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         endpoint = endpoint.tls_config(config)?;
     }
     // Lazily: a host starts its MCP servers before it needs them, and the
-    // subagentd server may come up a moment later.
+    // subagentd server may come up (or elect a leader) a moment later: the
+    // first call reads its configuration, and a call before that is
+    // possible answers why not.
     let channel = endpoint.connect_lazy();
     let session = Session::new(channel, credential, owner);
-    let info = session
-        .server_info()
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", super::refusal::refusal_text(&s)))
-        .with_context(|| format!("reading the configuration of the server at {url}"))?;
-    let tools = Tools {
-        settings: Settings::from_server_info(&info),
+    let source = Arc::new(StdioSource {
         session: session.clone(),
-    };
-    let server = LeadServer::new(Arc::new(tools))
+        settings: tokio::sync::OnceCell::new(),
+    });
+    eprintln!("subagentd mcp: serving the lead tools of {url} on stdio");
+    let server = LeadServer::new(source)
         .serve(rmcp::transport::stdio())
         .await
         .context("starting MCP over stdio")?;
@@ -94,6 +94,37 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         cancel_all(&session).await;
     }
     Ok(())
+}
+
+/// One session for the process; the server's configuration read by the
+/// first call that can (GetServerInfo), then kept.
+struct StdioSource {
+    session: Session,
+    settings: tokio::sync::OnceCell<Settings>,
+}
+
+impl SessionSource for StdioSource {
+    fn tools(&self, _parts: Option<&http::request::Parts>) -> BoxFuture<'_, Result<Tools, String>> {
+        Box::pin(async move {
+            let settings = self
+                .settings
+                .get_or_try_init(|| async {
+                    match self.session.server_info().await {
+                        Ok(info) => Ok(Settings::from_server_info(&info)),
+                        Err(status) => {
+                            let why = super::refusal::refusal_text(&status);
+                            eprintln!("subagentd mcp: reading the server's configuration: {why}");
+                            Err(why)
+                        }
+                    }
+                })
+                .await?;
+            Ok(Tools {
+                session: self.session.clone(),
+                settings: settings.clone(),
+            })
+        })
+    }
 }
 
 /// Cancels the owner's live agents (`--cancel-on-exit`).
