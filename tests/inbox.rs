@@ -332,3 +332,58 @@ async fn an_await_names_exactly_one_target() {
         .unwrap_err();
     assert_eq!(violated_fields(&err), ["ids"]);
 }
+
+/// A collect changes what the lead's next Await returns: a viewer may
+/// Await an inbox but not collect it; a frontend may. A lead id names a lead
+/// of the caller's own tenant: another tenant's same lead id is another
+/// inbox.
+#[tokio::test]
+async fn a_viewer_may_not_collect_and_an_inbox_is_per_tenant() {
+    let lead = common::auth::key("lead1", "team-a", &["frontend"], None);
+    let viewer = common::auth::key("view1", "team-a", &["viewer"], None);
+    let other = common::auth::key("lead2", "team-b", &["frontend"], None);
+    let toml = common::auth::config(
+        &[("lead1", &lead), ("view1", &viewer), ("lead2", &other)],
+        "",
+    );
+    let s = TestServer::start(&toml).await;
+    let mut c = s.client.clone();
+    let with = |key: &str, req: pb::AwaitRequest| common::auth::with_key(req, key);
+    let agent = c
+        .spawn(common::auth::with_key(under_lead("output a"), &lead.key))
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let refused = c
+        .r#await(with(
+            &viewer.key,
+            lead_inbox(pb::AwaitMode::Any, true, 5000),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let seen = c
+        .r#await(with(
+            &viewer.key,
+            lead_inbox(pb::AwaitMode::Any, false, 5000),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids(&seen.agents), [agent.id.as_str()], "a viewer may look");
+    // Team B's lead of the same name has nothing.
+    let elsewhere = c
+        .r#await(with(&other.key, lead_inbox(pb::AwaitMode::Any, true, 100)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(elsewhere.timed_out && elsewhere.agents.is_empty());
+    let collected = c
+        .r#await(with(&lead.key, lead_inbox(pb::AwaitMode::Any, true, 5000)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(collected.agents[0].collected_time.is_some());
+}

@@ -236,6 +236,21 @@ pub fn scope_of(principal: &Principal) -> Scope {
     }
 }
 
+/// Whether `principal` may Await with `collect` ([`policy::AWAIT_COLLECT`]).
+///
+/// [`policy::AWAIT_COLLECT`]: crate::auth::policy::AWAIT_COLLECT
+pub fn may_collect(principal: &Principal) -> Result<(), AuthError> {
+    let roles = crate::auth::policy::AWAIT_COLLECT;
+    if roles.iter().any(|r| principal.roles.has(*r)) {
+        Ok(())
+    } else {
+        Err(AuthError::PermissionDenied {
+            method: "/subagents.v1.AgentService/Await (collect)".to_owned(),
+            required: roles,
+        })
+    }
+}
+
 /// The tenant a Status or WatchAgents listing of `principal` covers, given
 /// the request's `tenant` field (`requested`, empty = unset): an admin's
 /// every tenant unless it names one; anyone else's only its own, and

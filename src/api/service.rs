@@ -181,6 +181,9 @@ impl AgentService for AgentServiceImpl {
         let principal = auth::principal(&request);
         let scope = auth::scope_of(&principal);
         let q = wire::parse_await(request.into_inner())?;
+        if q.collect {
+            auth::may_collect(&principal)?;
+        }
         let (agents, timed_out) = match &q.target {
             wire::AwaitTarget::Ids(ids) => {
                 let (mut agents, timed_out) = self

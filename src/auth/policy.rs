@@ -21,6 +21,11 @@ pub const POLICY: &[(&str, &[Role])] = &[
     ("/subagents.v1.WorkerService/Connect", &[Worker]),
 ];
 
+/// The roles that may Await with `collect`: a collect changes what the
+/// lead's next inbox Await returns, so it is a change like Cancel, not a
+/// read (a viewer may Await without it).
+pub const AWAIT_COLLECT: &[Role] = &[Frontend, Admin];
+
 /// Path prefixes of the services every caller may use without a credential:
 /// Kubernetes probes cannot send one, and reflection shows only the schema.
 pub const OPEN_SERVICES: &[&str] = &["/grpc.health.v1.Health/", "/grpc.reflection."];
@@ -53,6 +58,7 @@ mod tests {
             }
             assert!(!may(&agent(m), Worker), "a worker may not {m}");
         }
+        assert_eq!(AWAIT_COLLECT, &[Frontend, Admin], "a collect is a change");
         for m in ["Spawn", "Cancel", "Steer"] {
             assert!(may(&agent(m), Frontend));
             assert!(!may(&agent(m), Viewer));

@@ -171,8 +171,8 @@ pub struct Config {
     pub tenants: BTreeMap<String, TenantLimits>,
     /// `[conversations]`: transcripts kept for continuations; reloadable.
     pub conversations: ConversationsConfig,
-    /// `[mcp]`: what the MCP lead tools offer; read by GetServerInfo, so
-    /// reloadable.
+    /// `[mcp]`: what the MCP lead tools offer, as GetServerInfo reports it.
+    /// Read at start only.
     pub mcp: McpConfig,
     /// `[http]`: the listener of `/mcp`. Read at start only.
     pub http: HttpConfig,
