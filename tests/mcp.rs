@@ -723,3 +723,45 @@ async fn at_end_of_input_the_agents_run_on_unless_cancel_on_exit() {
         "left to its deadline"
     );
 }
+
+/// With a key that may spawn but not approve (`frontend` only), the user's
+/// decision is refused: the answer says so once, without asking again.
+#[tokio::test]
+async fn a_decision_the_credential_may_not_apply_is_reported_not_asked_again() {
+    let frontend = common::auth::key("fe", "default", &["frontend"], None);
+    let server = TestServer::start(&common::auth::config(&[("fe", &frontend)], "")).await;
+    let addr = server.handle.addr().to_string();
+    let key = frontend.key.clone();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args([
+            "mcp",
+            "--addr",
+            &addr,
+            "--lead-id",
+            "lead-no-approver",
+            "--token",
+            &key,
+        ])
+        .env_remove("SUBAGENTD_AGENT_ID");
+    });
+    let approver = Approver {
+        decision: "approve",
+        asked: Default::default(),
+    };
+    let client = approver
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    let id = spawn_bg_with(&client, "approve shell\noutput after").await;
+    let answer = call_with(&client, "agent_await", await_args(20.0)).await;
+    let body = text(&answer);
+    assert!(body.contains("was not applied"), "{body}");
+    assert!(body.contains("PERMISSION_DENIED"), "{body}");
+    assert!(
+        body.contains(&format!("## {id} [awaiting_approval]")),
+        "{body}"
+    );
+    assert_eq!(approver.asked.lock().unwrap().len(), 1, "asked once");
+    client.cancel().await.unwrap();
+}

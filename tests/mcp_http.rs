@@ -131,6 +131,17 @@ async fn mcp_over_http_authenticates_as_grpc_does() {
     assert_eq!(plain.status(), 401);
     assert_eq!(plain.headers()["www-authenticate"], "Bearer");
     assert!(connect(http, Some("sk_nope"), None).await.is_err());
+    // A web page's request (with Origin) is refused whatever its key.
+    let from_page = reqwest::Client::new()
+        .post(format!("http://{http}/mcp"))
+        .header("origin", "http://evil.example")
+        .bearer_auth(&lead.key)
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(from_page.status(), 403);
 
     // The lead key spawns; the agent is in its tenant, under its principal.
     let client = connect(http, Some(&lead.key), None).await.unwrap();

@@ -24,6 +24,8 @@ use crate::scheduler::{AgentId, RunCredential};
 
 /// Prefix of every run token (no API key or JWT starts with it).
 pub const PREFIX: &str = "sar_";
+/// How a run credential's principal is named: `run:<agent id>`.
+pub const PRINCIPAL_PREFIX: &str = "run:";
 /// Hex digits of a token's id.
 const ID_CHARS: usize = 32;
 /// Length of the secret's base64url text (no padding).
@@ -95,7 +97,7 @@ impl RunTokens {
         let principal = Principal {
             tenant: tenant.clone(),
             roles: [Role::Frontend].into_iter().collect(),
-            name: format!("run:{agent}").into(),
+            name: format!("{PRINCIPAL_PREFIX}{agent}").into(),
             agent_types: None,
             expires: None,
         };

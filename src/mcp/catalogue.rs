@@ -136,9 +136,13 @@ fn with_agent_types(mut tool: ToolEntry, types: &[pb::AgentTypeInfo]) -> ToolEnt
             line.push_str(&format!(" (default model {})", t.default_model));
         }
         let room = MAX_DESCRIPTION_BYTES.saturating_sub(description.len());
+        let mark = '…'.len_utf8();
         if line.len() > room {
+            if room <= mark {
+                break;
+            }
             // Cut at a character boundary, leaving room for the mark.
-            let mut end = room.saturating_sub('…'.len_utf8());
+            let mut end = room - mark;
             while !line.is_char_boundary(end) {
                 end -= 1;
             }

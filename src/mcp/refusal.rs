@@ -53,14 +53,14 @@ pub fn refusal_text(status: &Status) -> String {
             "agent {} has finished ({}). To give it more work, use agent_spawn with \
              continue_from: \"{}\".",
             get("id"),
-            get("status").to_lowercase(),
+            super::render::status_word_of_name(get("status")),
             get("id")
         ),
         "AGENT_BUSY" => format!(
             "agent {} is still {}: it can be continued once it has finished. Wait for it with \
              agent_await.",
             get("id"),
-            get("status").to_lowercase()
+            super::render::status_word_of_name(get("status"))
         ),
         "NOT_LATEST" => format!(
             "agent {} was already continued; continue the latest turn, {}, instead (or set fork: \
@@ -81,7 +81,7 @@ pub fn refusal_text(status: &Status) -> String {
         "NOT_AWAITING_APPROVAL" => format!(
             "agent {} has no pending approval (it is {}).",
             get("id"),
-            get("status").to_lowercase()
+            super::render::status_word_of_name(get("status"))
         ),
         "APPROVAL_MISMATCH" => format!(
             "agent {}'s pending approval is {}, not {}.",

@@ -12,6 +12,12 @@ use crate::pb;
 /// Characters of a result `agent_status` previews.
 pub const PREVIEW_CHARS: usize = 200;
 
+/// The lower-case word of an `AgentStatus` named as the API names it
+/// (`AGENT_STATUS_DONE`, as ErrorInfo metadata carries it).
+pub fn status_word_of_name(name: &str) -> &'static str {
+    pb::AgentStatus::from_str_name(name).map_or("unknown", |s| status_word(s as i32))
+}
+
 /// The lower-case word of an `AgentStatus`.
 pub fn status_word(status: i32) -> &'static str {
     match pb::AgentStatus::try_from(status) {
@@ -195,12 +201,17 @@ pub fn await_text(view: &AwaitView<'_>, notes: &[String]) -> String {
                 approval.tool_name, approval.id, approval.detail
             );
             if view.lead_approves {
-                let _ = writeln!(out, "Decide it with agent_approve.");
+                let _ = writeln!(
+                    out,
+                    "Decide it with agent_approve. Until then agent_await returns at once; to \
+                     wait for the others, pass their ids."
+                );
             } else {
                 let _ = writeln!(
                     out,
                     "A person must decide it: `subagentd approve {} {}` (add --deny to refuse). \
-                     Until then it waits.",
+                     Until then agent_await returns at once; to wait for the others, pass their \
+                     ids.",
                     agent.id, approval.id
                 );
             }
@@ -227,7 +238,11 @@ pub fn await_text(view: &AwaitView<'_>, notes: &[String]) -> String {
     let still: Vec<&pb::Agent> = if view.by_ids {
         live_by_id
     } else {
-        view.live.iter().collect()
+        // An agent awaiting approval is shown above, not twice.
+        view.live
+            .iter()
+            .filter(|a| !settled.iter().any(|s| s.id == a.id))
+            .collect()
     };
     if !still.is_empty() {
         let _ = writeln!(out, "\nStill running ({}):", still.len());
@@ -315,6 +330,14 @@ pub fn transcript_text(
         if shown > 0 && shown + len > max {
             next = Some(offset + i);
             break;
+        }
+        if len > max {
+            // One entry larger than a page: its start, and the next entry
+            // after it (read the whole entry's text with agent_result).
+            let (start, _) = cut(&line, 0, max);
+            let _ = writeln!(out, "{start}… [entry cut at {max} of {len} characters]");
+            shown = max;
+            continue;
         }
         shown += len;
         out.push_str(&line);

@@ -43,6 +43,8 @@ impl Owner {
 pub struct Session {
     client: AgentServiceClient<Channel>,
     credential: Option<AsciiMetadataValue>,
+    /// The `subagentd-tenant` header: which of a JWT's tenants to act in.
+    tenant: Option<AsciiMetadataValue>,
     /// Whose agents.
     pub owner: Owner,
 }
@@ -55,8 +57,16 @@ impl Session {
             client: AgentServiceClient::new(channel)
                 .max_decoding_message_size(crate::client::MAX_RESPONSE_BYTES),
             credential,
+            tenant: None,
             owner,
         }
+    }
+
+    /// Acts in `tenant` (the `subagentd-tenant` header, for a JWT that
+    /// grants several).
+    pub fn with_tenant(mut self, tenant: Option<AsciiMetadataValue>) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// `message` as a request carrying the credential and, when given, the
@@ -67,6 +77,11 @@ impl Session {
             request
                 .metadata_mut()
                 .insert("authorization", value.clone());
+        }
+        if let Some(value) = &self.tenant {
+            request
+                .metadata_mut()
+                .insert(crate::auth::jwt::TENANT_HEADER, value.clone());
         }
         if let Some(value) = traceparent {
             request.metadata_mut().insert("traceparent", value.clone());
@@ -144,21 +159,62 @@ impl Session {
             .await
     }
 
+    /// Every agent `request` lists, following page tokens.
+    pub async fn list_all(&self, mut request: pb::StatusRequest) -> Result<Vec<pb::Agent>, Status> {
+        request.page_size = 1000;
+        let mut agents = Vec::new();
+        loop {
+            let page = self.status(request.clone()).await?;
+            agents.extend(page.agents);
+            if page.next_page_token.is_empty() {
+                return Ok(agents);
+            }
+            request.page_token = page.next_page_token;
+        }
+    }
+
+    /// The owner's own agents (a lead's roots, an agent's direct children)
+    /// among those `filter` lists: the lead filter lists every depth.
+    pub async fn owned(&self, mut filter: pb::StatusRequest) -> Result<Vec<pb::Agent>, Status> {
+        match &self.owner {
+            Owner::Lead(lead) => filter.lead_id = lead.clone(),
+            Owner::Agent(id) => filter.parent_id = id.clone(),
+        }
+        let roots_only = matches!(self.owner, Owner::Lead(_));
+        let mut agents = self.list_all(filter).await?;
+        if roots_only {
+            agents.retain(|a| a.parent_id.is_empty());
+        }
+        Ok(agents)
+    }
+
+    /// The owner's live agents (queued, running, awaiting approval).
+    pub async fn live(&self) -> Result<Vec<pb::Agent>, Status> {
+        self.owned(pb::StatusRequest {
+            statuses: vec![
+                pb::AgentStatus::Queued as i32,
+                pb::AgentStatus::Running as i32,
+                pb::AgentStatus::AwaitingApproval as i32,
+            ],
+            ..Default::default()
+        })
+        .await
+    }
+
     /// Cancels each live direct child of `parent` (with its subtree).
     pub async fn cancel_children(&self, parent: &str, reason: &str) -> Result<(), Status> {
         let live = self
-            .status(pb::StatusRequest {
+            .list_all(pb::StatusRequest {
                 parent_id: parent.to_owned(),
                 statuses: vec![
                     pb::AgentStatus::Queued as i32,
                     pb::AgentStatus::Running as i32,
                     pb::AgentStatus::AwaitingApproval as i32,
                 ],
-                page_size: 1000,
                 ..Default::default()
             })
             .await?;
-        for child in live.agents {
+        for child in live {
             self.cancel(pb::CancelRequest {
                 id: child.id,
                 reason: reason.to_owned(),

@@ -4,7 +4,10 @@
 //! protocol). At end of input it exits, leaving the lead's agents running
 //! under their deadlines unless `--cancel-on-exit`.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use rmcp::ServiceExt as _;
@@ -82,7 +85,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     let session = Session::new(channel, credential, owner);
     let source = Arc::new(StdioSource {
         session: session.clone(),
-        settings: tokio::sync::OnceCell::new(),
+        settings: parking_lot::Mutex::new(None),
     });
     eprintln!("subagentd mcp: serving the lead tools of {url} on stdio");
     let server = LeadServer::new(source)
@@ -96,32 +99,43 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One session for the process; the server's configuration read by the
-/// first call that can (GetServerInfo), then kept.
+/// One session for the process, and the server's configuration
+/// (GetServerInfo) as the first call that could read it found it, read again
+/// after [`SETTINGS_TTL`] so a reload of the server's agent types reaches
+/// the tools.
 struct StdioSource {
     session: Session,
-    settings: tokio::sync::OnceCell<Settings>,
+    settings: parking_lot::Mutex<Option<(Instant, Settings)>>,
 }
+
+/// How long `subagentd mcp` keeps the server's configuration.
+const SETTINGS_TTL: Duration = Duration::from_secs(30);
 
 impl SessionSource for StdioSource {
     fn tools(&self, _parts: Option<&http::request::Parts>) -> BoxFuture<'_, Result<Tools, String>> {
         Box::pin(async move {
-            let settings = self
-                .settings
-                .get_or_try_init(|| async {
-                    match self.session.server_info().await {
-                        Ok(info) => Ok(Settings::from_server_info(&info)),
-                        Err(status) => {
-                            let why = super::refusal::refusal_text(&status);
-                            eprintln!("subagentd mcp: reading the server's configuration: {why}");
-                            Err(why)
-                        }
+            let cached = self.settings.lock().clone();
+            let settings = match cached {
+                Some((read, settings)) if read.elapsed() < SETTINGS_TTL => settings,
+                stale => match self.session.server_info().await {
+                    Ok(info) => {
+                        let settings = Settings::from_server_info(&info);
+                        *self.settings.lock() = Some((Instant::now(), settings.clone()));
+                        settings
                     }
-                })
-                .await?;
+                    // What was read before still serves while the server
+                    // cannot answer.
+                    Err(_) if stale.is_some() => stale.expect("checked").1,
+                    Err(status) => {
+                        let why = super::refusal::refusal_text(&status);
+                        eprintln!("subagentd mcp: reading the server's configuration: {why}");
+                        return Err(why);
+                    }
+                },
+            };
             Ok(Tools {
                 session: self.session.clone(),
-                settings: settings.clone(),
+                settings,
             })
         })
     }

@@ -29,8 +29,6 @@ pub const DEFAULT_AWAIT_SECONDS: f64 = 30.0;
 pub const DEFAULT_STATUS_LIMIT: usize = 20;
 /// How often a waiting tool reports progress (when the call asked for it).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-/// The most agents the default `agent_status` listing reads.
-const LISTING_CAP: usize = 1000;
 
 /// What `[mcp]` says, as GetServerInfo reports it.
 #[derive(Debug, Clone)]
@@ -158,12 +156,17 @@ impl Tools {
         let args = Args(args);
         match name {
             "agent_spawn" => self.spawn(args, context).await,
-            "agent_status" => self.status(args).await,
+            "agent_status" => self.status(args, host).await,
             "agent_await" => self.await_agents(args, host).await,
             "agent_result" => self.result(args).await,
             "agent_cancel" => self.cancel(args).await,
             "agent_steer" => self.steer(args).await,
             "agent_approve" if self.settings.lead_approves => self.approve(args).await,
+            "agent_approve" => Err(BadArguments(
+                "agent_approve is not enabled here: approvals are for people ([mcp] approvals \
+                 = \"human\")"
+                    .to_owned(),
+            )),
             other => Err(BadArguments(format!("no tool named {other:?}"))),
         }
     }
@@ -218,11 +221,16 @@ impl Tools {
             lead_id,
             background: true,
             timeout,
-            idempotency_key: context
-                .tool_call_id
-                .as_deref()
-                .map(|id| idempotency_key(&self.session.owner, id))
-                .unwrap_or_default(),
+            // The host's tool-call id makes its retry return the first agent;
+            // without one, a key of this call's own still makes the retries
+            // of NO_LEADER and RECOVERING below start one agent.
+            idempotency_key: idempotency_key(
+                &self.session.owner,
+                &context
+                    .tool_call_id
+                    .clone()
+                    .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            ),
             continue_from,
             fork: args.boolean("fork")?.unwrap_or(false),
             ..Default::default()
@@ -259,7 +267,19 @@ impl Tools {
         } else {
             agent
         };
-        Ok(Answer::structured(self.spawned(&agent)))
+        let mut answer = Answer::structured(self.spawned(&agent));
+        if let Some(offset) = answer
+            .structured
+            .as_ref()
+            .and_then(|s| s["result_offset"].as_u64())
+        {
+            answer.text.push_str(&format!(
+                "\n[result cut at {offset} characters: read on with agent_result id \"{}\" \
+                 offset {offset}]",
+                agent.id
+            ));
+        }
+        Ok(answer)
     }
 
     /// Collects `agent` (an Await by its id with `collect`, which returns at
@@ -302,67 +322,79 @@ impl Tools {
         })
     }
 
-    async fn status(&self, args: Args<'_>) -> Result<Answer, BadArguments> {
+    async fn status(&self, args: Args<'_>, host: &dyn Host) -> Result<Answer, BadArguments> {
         args.only(&["ids", "limit"])?;
         let limit = args
             .integer("limit", 1, 100)?
             .map_or(DEFAULT_STATUS_LIMIT, |n| n as usize);
-        let agents = match args.string_list("ids", 100)? {
-            Some(ids) => {
-                match self
-                    .session
-                    .status(pb::StatusRequest {
-                        ids,
-                        ..Default::default()
-                    })
-                    .await
-                {
-                    Ok(answer) => answer.agents,
-                    Err(status) => return Ok(Answer::refused(&status)),
-                }
-            }
-            None => match self.owned().await {
-                Ok(agents) => render::listing_order(agents, limit),
-                Err(status) => return Ok(Answer::refused(&status)),
-            },
+        let listed = match args.string_list("ids", 100)? {
+            Some(ids) => self
+                .session
+                .status(pb::StatusRequest {
+                    ids,
+                    ..Default::default()
+                })
+                .await
+                .map(|answer| answer.agents),
+            None => self.listing(limit).await,
         };
+        let mut agents = match listed {
+            Ok(agents) => agents,
+            Err(status) => return Ok(Answer::refused(&status)),
+        };
+        // A pending approval is put to the user here too, where the host
+        // can ask (bounded by `[mcp] max_await`).
+        let pending: Vec<pb::Agent> = agents
+            .iter()
+            .filter(|a| a.status == pb::AgentStatus::AwaitingApproval as i32)
+            .cloned()
+            .collect();
+        if !pending.is_empty() && !self.settings.lead_approves && host.can_elicit() {
+            let deadline = tokio::time::Instant::now() + self.settings.max_await;
+            let mut decided = false;
+            for agent in &pending {
+                decided |= matches!(self.ask(host, agent, deadline).await, Some(Ok(_)));
+            }
+            if decided {
+                agents = self.refresh(&agents).await;
+            }
+        }
         let rows: Vec<Value> = agents.iter().map(render::status_row).collect();
         Ok(Answer::structured(json!({ "agents": rows })))
     }
 
-    /// The owner's agents: a lead's roots or an agent's children, oldest
-    /// first (at most [`LISTING_CAP`]).
-    async fn owned(&self) -> Result<Vec<pb::Agent>, Status> {
-        let mut request = match &self.session.owner {
-            Owner::Lead(lead) => pb::StatusRequest {
-                lead_id: lead.clone(),
-                ..Default::default()
-            },
-            Owner::Agent(id) => pb::StatusRequest {
-                parent_id: id.clone(),
-                ..Default::default()
-            },
-        };
-        request.page_size = 1000;
-        let mut agents = Vec::new();
-        loop {
-            let page = self.session.status(request.clone()).await?;
-            // A lead filter lists every depth: the tools show its roots.
-            agents.extend(
-                page.agents
-                    .into_iter()
-                    .filter(|a| match &self.session.owner {
-                        Owner::Lead(_) => a.parent_id.is_empty(),
-                        Owner::Agent(_) => true,
-                    }),
-            );
-            if page.next_page_token.is_empty() || agents.len() >= LISTING_CAP {
-                break;
-            }
-            request.page_token = page.next_page_token;
+    /// The default `agent_status` rows: the owner's live agents, then its
+    /// settled uncollected ones, then the most recent others; at most
+    /// `limit`. Live and uncollected agents are asked for by the filters
+    /// that find them, so a long-lived lead's newest agents are never
+    /// beyond a page.
+    async fn listing(&self, limit: usize) -> Result<Vec<pb::Agent>, Status> {
+        let mut agents = self.session.live().await?;
+        agents.extend(
+            self.session
+                .owned(pb::StatusRequest {
+                    uncollected: true,
+                    ..Default::default()
+                })
+                .await?
+                .into_iter()
+                .filter(|a| a.status != pb::AgentStatus::AwaitingApproval as i32),
+        );
+        if agents.len() < limit {
+            let recent = self
+                .session
+                .owned(pb::StatusRequest {
+                    statuses: vec![
+                        pb::AgentStatus::Done as i32,
+                        pb::AgentStatus::Failed as i32,
+                        pb::AgentStatus::Cancelled as i32,
+                    ],
+                    ..Default::default()
+                })
+                .await?;
+            agents.extend(recent.into_iter().filter(|a| a.collected_time.is_some()));
         }
-        agents.truncate(LISTING_CAP);
-        Ok(agents)
+        Ok(render::listing_order(agents, limit))
     }
 
     async fn await_agents(&self, args: Args<'_>, host: &dyn Host) -> Result<Answer, BadArguments> {
@@ -385,12 +417,13 @@ impl Tools {
         let started = tokio::time::Instant::now();
         let deadline = started + Duration::from_secs_f64(timeout);
         let mut notes: Vec<String> = Vec::new();
+        let mut collect = true;
         let (agents, timed_out) = loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let mut request = pb::AwaitRequest {
                 mode: mode as i32,
                 timeout: Some(seconds(left.as_secs_f64())),
-                collect: true,
+                collect,
                 ..Default::default()
             };
             match (&ids, &self.session.owner) {
@@ -401,39 +434,56 @@ impl Tools {
             let answer =
                 match with_progress(host, started, self.session.await_agents(request)).await {
                     Ok(answer) => answer,
+                    // A viewer may wait and look, not collect.
+                    Err(status) if collect && status.code() == tonic::Code::PermissionDenied => {
+                        collect = false;
+                        notes.push(
+                            "(This credential may not collect results: what follows will be \
+                         returned again.)"
+                                .to_owned(),
+                        );
+                        continue;
+                    }
                     Err(status) => return Ok(Answer::refused(&status)),
                 };
-            // Approvals: put to the user where the host can, and then wait
-            // on (the agent goes back to its queue).
             let pending: Vec<&pb::Agent> = answer
                 .agents
                 .iter()
                 .filter(|a| a.status == pb::AgentStatus::AwaitingApproval as i32)
                 .collect();
-            let finished: Vec<&pb::Agent> = answer
-                .agents
-                .iter()
-                .filter(|a| a.status != pb::AgentStatus::AwaitingApproval as i32)
-                .collect();
-            if pending.is_empty() || self.settings.lead_approves || !host.can_elicit() {
+            let finished = answer.agents.len() > pending.len();
+            // Results already collected are shown now, before anything can
+            // hold the answer up; a pending approval is then put to the
+            // user on the next call.
+            if pending.is_empty()
+                || finished
+                || self.settings.lead_approves
+                || !host.can_elicit()
+                || left.is_zero()
+            {
                 break (answer.agents, answer.timed_out);
             }
             let mut decided_all = true;
-            for agent in &pending {
-                match self.ask(host, agent).await {
-                    Some(note) => notes.push(note),
+            for agent in pending {
+                match self.ask(host, agent, deadline).await {
+                    Some(Ok(note)) => notes.push(note),
+                    Some(Err(refused)) => {
+                        notes.push(refused);
+                        decided_all = false;
+                    }
                     None => decided_all = false,
                 }
             }
-            if !decided_all || !finished.is_empty() || left.is_zero() {
+            if !decided_all {
                 let refreshed = self.refresh(&answer.agents).await;
                 break (refreshed, answer.timed_out);
             }
-            // Every approval decided and nothing else finished: wait on.
+            // Every approval decided: the agents went back to their queue;
+            // wait on.
         };
         let live = match &ids {
             Some(_) => Vec::new(),
-            None => self.live().await.unwrap_or_default(),
+            None => self.session.live().await.unwrap_or_default(),
         };
         Ok(Answer::text(render::await_text(
             &render::AwaitView {
@@ -449,11 +499,20 @@ impl Tools {
         )))
     }
 
-    /// Puts `agent`'s approval to the user and applies the decision; a line
-    /// saying what was decided, or None when the user did not answer.
-    async fn ask(&self, host: &dyn Host, agent: &pb::Agent) -> Option<String> {
+    /// Puts `agent`'s approval to the user (waiting until `deadline` at
+    /// most) and applies the decision: what was decided, the refusal of the
+    /// decision, or None when the user did not answer in time.
+    async fn ask(
+        &self,
+        host: &dyn Host,
+        agent: &pb::Agent,
+        deadline: tokio::time::Instant,
+    ) -> Option<Result<String, String>> {
         let approval = agent.approval.as_ref()?;
-        let (approved, note) = host.ask_approval(agent).await?;
+        let (approved, note) = tokio::time::timeout_at(deadline, host.ask_approval(agent))
+            .await
+            .ok()
+            .flatten()?;
         let decision = if approved {
             pb::ApprovalDecision::Approve
         } else {
@@ -469,13 +528,18 @@ impl Tools {
             })
             .await;
         Some(match answer {
-            Ok(_) => format!(
+            Ok(_) => Ok(format!(
                 "The user {} {}'s call of {}.",
                 if approved { "approved" } else { "denied" },
                 agent.id,
                 approval.tool_name
-            ),
-            Err(status) => refusal_text(&status),
+            )),
+            Err(status) => Err(format!(
+                "The user's decision on {}'s call of {} was not applied: {}",
+                agent.id,
+                approval.tool_name,
+                refusal_text(&status)
+            )),
         })
     }
 
@@ -495,28 +559,16 @@ impl Tools {
         }
     }
 
-    /// The owner's live agents.
-    async fn live(&self) -> Result<Vec<pb::Agent>, Status> {
-        let live = [
-            pb::AgentStatus::Queued,
-            pb::AgentStatus::Running,
-            pb::AgentStatus::AwaitingApproval,
-        ];
-        Ok(self
-            .owned()
-            .await?
-            .into_iter()
-            .filter(|a| live.iter().any(|s| *s as i32 == a.status))
-            .collect())
-    }
-
     async fn result(&self, args: Args<'_>) -> Result<Answer, BadArguments> {
         args.only(&["id", "offset", "max_chars", "transcript"])?;
         let id = args.required_string("id")?;
         let offset = args.integer("offset", 0, u64::MAX)?.unwrap_or(0) as usize;
+        // At most ten times the server's cut: one call must not flood the
+        // model's context whatever it asks for.
+        let most = self.settings.max_result_chars * 10;
         let max_chars = args
             .integer("max_chars", 1, u64::MAX)?
-            .map_or(self.settings.max_result_chars, |n| n as usize);
+            .map_or(self.settings.max_result_chars, |n| (n as usize).min(most));
         if args.boolean("transcript")?.unwrap_or(false) {
             let answer = self
                 .session
@@ -572,7 +624,7 @@ impl Tools {
                     ..Default::default()
                 }],
                 // The children of this agent, each with its subtree.
-                Owner::Agent(_) => match self.live().await {
+                Owner::Agent(_) => match self.session.live().await {
                     Ok(live) => live
                         .into_iter()
                         .map(|a| pb::CancelRequest {
@@ -660,6 +712,9 @@ impl Tools {
                 "id": agent.id,
                 "status": status_word(agent.status),
                 "decision": if decision == pb::ApprovalDecision::Approve { "approve" } else { "deny" },
+                "agent": agent.agent,
+                "description": agent.description,
+                "queue_reason": non_empty(&agent.queue_reason),
             })),
             Err(status) => Answer::refused(&status),
         })
@@ -673,7 +728,9 @@ async fn with_progress<T>(
     call: impl std::future::Future<Output = T>,
 ) -> T {
     let mut call = std::pin::pin!(call);
-    let mut ticks = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+    let mut ticks =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             out = &mut call => return out,
@@ -694,22 +751,13 @@ fn idempotency_key(owner: &Owner, tool_call_id: &str) -> String {
         Owner::Agent(id) => write!(key, "agent:{id}:").expect("a String"),
     }
     key.push_str(tool_call_id);
-    if key.len() > crate::scheduler::core::MAX_KEY_BYTES {
-        // Too long to send whole: a digest of it keeps it unique per call.
-        let digest = std::hash::BuildHasher::hash_one(&FixedState, &key);
-        key = format!("mcp:{digest:016x}:{}", key.len());
+    if key.len() > crate::wire::MAX_KEY_BYTES {
+        // Too long to send whole: its SHA-256 keeps it unique per call, and
+        // the same in every process and release.
+        let digest = crate::auth::keys::digest(&key);
+        key = format!("mcp:sha256:{}", crate::auth::keys::digest_hex(&digest));
     }
     key
-}
-
-/// A fixed hasher, so a retried call maps to the same key in any process.
-struct FixedState;
-
-impl std::hash::BuildHasher for FixedState {
-    type Hasher = std::hash::DefaultHasher;
-    fn build_hasher(&self) -> Self::Hasher {
-        std::hash::DefaultHasher::new()
-    }
 }
 
 fn seconds(s: f64) -> prost_types::Duration {
@@ -761,7 +809,12 @@ impl Args<'_> {
     fn integer(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, BadArguments> {
         match self.value(key) {
             None => Ok(None),
-            Some(v) => match v.as_u64() {
+            // Some hosts send every number as a double (10.0).
+            Some(v) => match v.as_u64().or_else(|| {
+                v.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+                    .map(|f| f as u64)
+            }) {
                 Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
                 _ => Err(BadArguments(format!(
                     "{key} must be an integer from {min} to {max}, not {v}"
@@ -825,7 +878,7 @@ mod tests {
         );
         let long = "x".repeat(400);
         let key = idempotency_key(&lead, &long);
-        assert!(key.len() <= crate::scheduler::core::MAX_KEY_BYTES);
+        assert!(key.len() <= crate::wire::MAX_KEY_BYTES);
         assert_eq!(
             key,
             idempotency_key(&lead, &long),
@@ -850,5 +903,10 @@ mod tests {
         assert!(a.integer("wait_seconds", 0, 50).is_err());
         assert_eq!(a.string_list("ids", 100).unwrap(), None);
         assert_eq!(a.string("mode").unwrap(), None);
+        // A host that sends every number as a double.
+        let args = json!({"wait_seconds": 10.0, "limit": 2.5});
+        let a = Args(args.as_object().unwrap());
+        assert_eq!(a.integer("wait_seconds", 0, 50).unwrap(), Some(10));
+        assert!(a.integer("limit", 1, 100).is_err());
     }
 }

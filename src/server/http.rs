@@ -38,8 +38,8 @@ use crate::{
 pub const LEAD_HEADER: &str = "subagentd-lead-id";
 /// The lead of `/mcp` requests without authentication or a lead header.
 pub const SHARED_LEAD: &str = "mcp-http";
-/// The header that picks which of a JWT's tenants to act in.
-const TENANT_HEADER: &str = "subagentd-tenant";
+
+use crate::auth::jwt::TENANT_HEADER;
 
 /// Serves `/mcp` on `[http] listen` until `shutdown`; its bound address,
 /// or None when it is off. Calls reach the gRPC API at `grpc` (this
@@ -66,9 +66,10 @@ pub(super) async fn serve(
     let mut mcp_config = StreamableHttpServerConfig::default()
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
         .with_cancellation_token(shutdown.child_token());
-    // Off loopback the Host check would refuse every real host name; the
-    // listener then requires authentication (or an explicit opt-out), which
-    // is what DNS rebinding would need to get past.
+    // Off loopback the Host check would refuse every real host name. DNS
+    // rebinding needs a browser, and every request a browser sends carries
+    // `Origin`, which `authenticate` refuses; off loopback without
+    // authentication also needs an explicit opt-out.
     if !listen.ip().is_loopback() {
         mcp_config = mcp_config.disable_allowed_hosts();
     }
@@ -102,14 +103,27 @@ pub(super) async fn serve(
     Ok(Some(bound))
 }
 
-/// Refuses a request whose credential the gRPC API would refuse: 401 with
-/// the cause, as the MCP authorization spec expects of an HTTP server.
+/// Refuses a request from a web page (one with `Origin`: agent hosts send
+/// none, and a page must not reach the tools through the user's network,
+/// as the MCP spec asks), 403; and one whose credential the gRPC API would
+/// refuse: 401 with the cause, as the MCP authorization spec expects of an
+/// HTTP server.
 async fn authenticate(
     State(authenticator): State<SharedAuthenticator>,
     request: Request,
     next: Next,
 ) -> Response {
     let headers = request.headers();
+    if let Some(origin) = headers.get(http::header::ORIGIN) {
+        return (
+            http::StatusCode::FORBIDDEN,
+            format!(
+                "requests from web pages are refused (Origin: {})\n",
+                String::from_utf8_lossy(origin.as_bytes())
+            ),
+        )
+            .into_response();
+    }
     let credential = Credential {
         authorization: headers
             .get(http::header::AUTHORIZATION)
@@ -184,11 +198,16 @@ impl SessionSource for HttpSessions {
                 .map(|v| AsciiMetadataValue::try_from(v.as_bytes()))
                 .transpose()
                 .map_err(|_| "the authorization header is not ASCII".to_owned())?;
-            let lead = match headers.get(LEAD_HEADER).and_then(|v| v.to_str().ok()) {
-                Some(lead) if !lead.trim().is_empty() => lead.trim().to_owned(),
-                _ => self.principal_lead(&headers),
+            let tenant = headers
+                .get(TENANT_HEADER)
+                .map(|v| AsciiMetadataValue::try_from(v.as_bytes()))
+                .transpose()
+                .map_err(|_| format!("the {TENANT_HEADER} header is not ASCII"))?;
+            let owner = match headers.get(LEAD_HEADER).and_then(|v| v.to_str().ok()) {
+                Some(lead) if !lead.trim().is_empty() => Owner::Lead(lead.trim().to_owned()),
+                _ => self.principal_owner(&headers),
             };
-            let session = Session::new(self.channel.clone(), credential, Owner::Lead(lead));
+            let session = Session::new(self.channel.clone(), credential, owner).with_tenant(tenant);
             let info = session
                 .server_info()
                 .await
@@ -202,12 +221,14 @@ impl SessionSource for HttpSessions {
 }
 
 impl HttpSessions {
-    /// The lead of a request without a lead header: its principal's name,
-    /// or the shared lead without authentication.
-    fn principal_lead(&self, headers: &http::HeaderMap) -> String {
+    /// The owner of a request without a lead header: a run's own agent for
+    /// its run credential (so its spawns are its children, as over stdio),
+    /// else the lead named by the principal, or the shared lead without
+    /// authentication.
+    fn principal_owner(&self, headers: &http::HeaderMap) -> Owner {
         let authenticator = self.authenticator.load();
         if !authenticator.required() {
-            return SHARED_LEAD.to_owned();
+            return Owner::Lead(SHARED_LEAD.to_owned());
         }
         let credential = Credential {
             authorization: headers
@@ -216,8 +237,12 @@ impl HttpSessions {
             peer_sans: None,
             tenant: headers.get(TENANT_HEADER).map(|v| v.as_bytes()),
         };
-        authenticator
+        let name = authenticator
             .authenticate_call(credential)
-            .map_or_else(|_| SHARED_LEAD.to_owned(), |p| p.name.to_string())
+            .map_or_else(|_| SHARED_LEAD.to_owned(), |p| p.name.to_string());
+        match name.strip_prefix(crate::auth::run_tokens::PRINCIPAL_PREFIX) {
+            Some(agent) => Owner::Agent(agent.to_owned()),
+            None => Owner::Lead(name),
+        }
     }
 }

@@ -220,7 +220,7 @@ pub struct AwaitQuery {
     pub timeout: Duration,
     /// ALL or ANY.
     pub mode: AwaitMode,
-    /// Inbox only: collect the terminal agents returned.
+    /// Collect the terminal agents returned.
     pub collect: bool,
 }
 
