@@ -387,3 +387,47 @@ async fn a_viewer_may_not_collect_and_an_inbox_is_per_tenant() {
         .into_inner();
     assert!(collected.agents[0].collected_time.is_some());
 }
+
+#[tokio::test]
+async fn an_inbox_answer_holds_at_most_100_and_concurrent_collects_never_share_one() {
+    let mut s = TestServer::start("[limits]\nmax_background_agents = 500\n").await;
+    let mut spawned = Vec::new();
+    for n in 0..130 {
+        let a = spawn(&mut s.client, under_lead(&format!("output {n}"))).await;
+        spawned.push(a.id);
+    }
+    // ALL without collect: returns once none is live.
+    let (_, timed_out) =
+        await_inbox(&mut s.client, lead_inbox(pb::AwaitMode::All, false, 20_000)).await;
+    assert!(!timed_out);
+    // Two Awaits at once: each result goes to exactly one of them.
+    let mut other = s.new_client().await;
+    let mut mine = s.client.clone();
+    let (a, b) = tokio::join!(
+        await_inbox(&mut mine, lead_inbox(pb::AwaitMode::Any, true, 5000)),
+        await_inbox(&mut other, lead_inbox(pb::AwaitMode::Any, true, 5000)),
+    );
+    let mut seen: Vec<String> = a.0.iter().chain(&b.0).map(|a| a.id.clone()).collect();
+    assert!(
+        a.0.len() <= 100 && b.0.len() <= 100,
+        "{} {}",
+        a.0.len(),
+        b.0.len()
+    );
+    // The rest, collected by later Awaits.
+    loop {
+        let (more, timed_out) =
+            await_inbox(&mut s.client, lead_inbox(pb::AwaitMode::Any, true, 200)).await;
+        if timed_out {
+            break;
+        }
+        assert!(more.len() <= 100);
+        seen.extend(more.into_iter().map(|a| a.id));
+    }
+    let count = seen.len();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), count, "no result handed over twice");
+    spawned.sort();
+    assert_eq!(seen, spawned, "every result handed over once");
+}

@@ -62,6 +62,7 @@ pub(super) async fn serve(
     let sessions = Arc::new(HttpSessions {
         channel: own_channel(config, grpc, tls)?,
         authenticator: authenticator.clone(),
+        settings: parking_lot::Mutex::new(None),
     });
     let mut mcp_config = StreamableHttpServerConfig::default()
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
@@ -187,7 +188,14 @@ fn own_channel(
 struct HttpSessions {
     channel: Channel,
     authenticator: SharedAuthenticator,
+    /// The server's configuration as GetServerInfo last answered it (the
+    /// same for every caller), and when: read again after
+    /// [`SETTINGS_TTL`], so a request costs no extra call.
+    settings: parking_lot::Mutex<Option<(std::time::Instant, Settings)>>,
 }
+
+/// How long `/mcp` keeps the server's configuration.
+const SETTINGS_TTL: Duration = Duration::from_secs(30);
 
 impl SessionSource for HttpSessions {
     fn tools(&self, parts: Option<&http::request::Parts>) -> BoxFuture<'_, Result<Tools, String>> {
@@ -208,14 +216,22 @@ impl SessionSource for HttpSessions {
                 _ => self.principal_owner(&headers),
             };
             let session = Session::new(self.channel.clone(), credential, owner).with_tenant(tenant);
-            let info = session
-                .server_info()
-                .await
-                .map_err(|s| crate::mcp::refusal::refusal_text(&s))?;
-            Ok(Tools {
-                settings: Settings::from_server_info(&info),
-                session,
-            })
+            let cached = self.settings.lock().clone();
+            let settings = match cached {
+                Some((read, settings)) if read.elapsed() < SETTINGS_TTL => settings,
+                _ => {
+                    // With the caller's credential: one that may not even
+                    // read the configuration is refused here.
+                    let info = session
+                        .server_info()
+                        .await
+                        .map_err(|s| crate::mcp::refusal::refusal_text(&s))?;
+                    let settings = Settings::from_server_info(&info);
+                    *self.settings.lock() = Some((std::time::Instant::now(), settings.clone()));
+                    settings
+                }
+            };
+            Ok(Tools { settings, session })
         })
     }
 }
