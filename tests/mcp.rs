@@ -3,7 +3,8 @@
 //! runner. Tool listing, background spawn and the inbox await (timed out,
 //! then the result once, then nothing new), refusals as `isError` with
 //! their reason, steer delivered and buffered, cancel one and all,
-//! continue and fork, and a spawn made idempotent by its tool-call id.
+//! continue and fork, and a spawn made idempotent by its tool-call id —
+//! each of these over stdio and over `/mcp` alike.
 
 mod common;
 
@@ -17,6 +18,65 @@ use rmcp::{
 use serde_json::{json, Value};
 
 type Client = RunningService<RoleClient, ()>;
+
+/// How a test's MCP client reaches the tools.
+#[derive(Debug, Clone, Copy)]
+enum Via {
+    /// `subagentd mcp` as a child process.
+    Stdio,
+    /// The server's `/mcp`, the lead in the `subagentd-lead-id` header.
+    Http,
+}
+
+/// An MCP client of `lead`'s tools on `server`, `via` stdio or HTTP.
+async fn connect(via: Via, server: &TestServer, lead: &str) -> Client {
+    match via {
+        Via::Stdio => mcp(server, lead).await,
+        Via::Http => {
+            let mut headers = std::collections::HashMap::new();
+            headers.insert(
+                http::HeaderName::from_static("subagentd-lead-id"),
+                http::HeaderValue::from_str(lead).unwrap(),
+            );
+            let url = format!("http://{}/mcp", server.handle.http_addr().expect("[http]"));
+            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
+                rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url)
+                    .custom_headers(headers),
+            );
+            ().serve(transport).await.expect("MCP initialize over HTTP")
+        }
+    }
+}
+
+/// Each scenario named, as a module of two tests: over stdio and over HTTP.
+macro_rules! over_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn over_stdio() {
+                super::$name(super::Via::Stdio).await
+            }
+            #[tokio::test]
+            async fn over_http() {
+                super::$name(super::Via::Http).await
+            }
+        }
+    )*};
+}
+
+over_both!(
+    the_tools_list_in_catalogue_order_with_the_configured_types,
+    spawn_in_the_background_then_await_the_result_once,
+    a_long_result_is_cut_with_a_pointer_to_agent_result,
+    refusals_are_tool_errors_that_say_what_to_do,
+    steer_is_delivered_to_a_running_agent_and_buffered_for_a_queued_one,
+    cancel_one_then_all_and_a_finished_one_is_reported_as_such,
+    continue_and_fork_a_finished_agent,
+    a_spawn_retried_with_the_same_tool_call_id_returns_the_first_agent,
+    without_elicitation_the_approval_is_named_with_the_command_to_decide_it,
+    with_lead_approvals_the_model_decides_with_agent_approve,
+    a_traceparent_in_meta_becomes_the_spawns_trace,
+);
 
 /// `subagentd mcp` for `lead` against `server`.
 async fn mcp(server: &TestServer, lead: &str) -> Client {
@@ -98,10 +158,9 @@ fn await_args(timeout: f64) -> Value {
     json!({"ids": null, "mode": null, "timeout_seconds": timeout})
 }
 
-#[tokio::test]
-async fn the_tools_list_in_catalogue_order_with_the_configured_types() {
+async fn the_tools_list_in_catalogue_order_with_the_configured_types(via: Via) {
     let server = TestServer::start("").await;
-    let client = mcp(&server, "lead-list").await;
+    let client = connect(via, &server, "lead-list").await;
     let info = client.peer_info().expect("server info");
     assert!(info
         .instructions
@@ -134,10 +193,9 @@ async fn the_tools_list_in_catalogue_order_with_the_configured_types() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn spawn_in_the_background_then_await_the_result_once() {
+async fn spawn_in_the_background_then_await_the_result_once(via: Via) {
     let mut server = TestServer::start("").await;
-    let client = mcp(&server, "lead-await").await;
+    let client = connect(via, &server, "lead-await").await;
     let spawned = call(
         &client,
         "agent_spawn",
@@ -198,10 +256,9 @@ async fn spawn_in_the_background_then_await_the_result_once() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_long_result_is_cut_with_a_pointer_to_agent_result() {
+async fn a_long_result_is_cut_with_a_pointer_to_agent_result(via: Via) {
     let server = TestServer::start("[mcp]\nmax_result_chars = 200\n").await;
-    let client = mcp(&server, "lead-long").await;
+    let client = connect(via, &server, "lead-long").await;
     let long = "x".repeat(500);
     let spawned = call(
         &client,
@@ -229,10 +286,9 @@ async fn a_long_result_is_cut_with_a_pointer_to_agent_result() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn refusals_are_tool_errors_that_say_what_to_do() {
+async fn refusals_are_tool_errors_that_say_what_to_do(via: Via) {
     let server = TestServer::start("[limits]\nmax_background_agents = 1\n").await;
-    let client = mcp(&server, "lead-refused").await;
+    let client = connect(via, &server, "lead-refused").await;
     spawn_bg(&client, "wait_steer").await;
     let refused = call(&client, "agent_spawn", spawn_args("wait_steer", json!({}))).await;
     assert_eq!(refused.is_error, Some(true));
@@ -262,10 +318,9 @@ async fn refusals_are_tool_errors_that_say_what_to_do() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn steer_is_delivered_to_a_running_agent_and_buffered_for_a_queued_one() {
+async fn steer_is_delivered_to_a_running_agent_and_buffered_for_a_queued_one(via: Via) {
     let server = TestServer::start("[limits]\ndefault_concurrency = 1\n").await;
-    let client = mcp(&server, "lead-steer").await;
+    let client = connect(via, &server, "lead-steer").await;
     let running = spawn_bg(&client, "wait_steer\noutput one").await;
     let queued = spawn_bg(&client, "wait_steer\noutput two").await;
     let status = call(
@@ -302,10 +357,9 @@ async fn steer_is_delivered_to_a_running_agent_and_buffered_for_a_queued_one() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn cancel_one_then_all_and_a_finished_one_is_reported_as_such() {
+async fn cancel_one_then_all_and_a_finished_one_is_reported_as_such(via: Via) {
     let server = TestServer::start("").await;
-    let client = mcp(&server, "lead-cancel").await;
+    let client = connect(via, &server, "lead-cancel").await;
     let one = spawn_bg(&client, "wait_steer").await;
     let two = spawn_bg(&client, "wait_steer").await;
     let three = spawn_bg(&client, "wait_steer").await;
@@ -324,10 +378,9 @@ async fn cancel_one_then_all_and_a_finished_one_is_reported_as_such() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn continue_and_fork_a_finished_agent() {
+async fn continue_and_fork_a_finished_agent(via: Via) {
     let server = TestServer::start("").await;
-    let client = mcp(&server, "lead-continue").await;
+    let client = connect(via, &server, "lead-continue").await;
     let first = call(
         &client,
         "agent_spawn",
@@ -382,10 +435,9 @@ async fn continue_and_fork_a_finished_agent() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_spawn_retried_with_the_same_tool_call_id_returns_the_first_agent() {
+async fn a_spawn_retried_with_the_same_tool_call_id_returns_the_first_agent(via: Via) {
     let server = TestServer::start("").await;
-    let client = mcp(&server, "lead-idempotent").await;
+    let client = connect(via, &server, "lead-idempotent").await;
     let meta = || Some(json!({"subagentd/toolCallId": "call_abc"}));
     let first = call_meta(
         &client,
@@ -560,10 +612,9 @@ async fn a_pending_approval_is_put_to_the_user_and_the_wait_goes_on() {
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn without_elicitation_the_approval_is_named_with_the_command_to_decide_it() {
+async fn without_elicitation_the_approval_is_named_with_the_command_to_decide_it(via: Via) {
     let server = TestServer::start("").await;
-    let client = mcp(&server, "lead-no-elicit").await;
+    let client = connect(via, &server, "lead-no-elicit").await;
     let id = spawn_bg(&client, "approve shell\noutput after").await;
     let pending = call(&client, "agent_await", await_args(20.0)).await;
     let body = text(&pending);
@@ -584,10 +635,9 @@ async fn without_elicitation_the_approval_is_named_with_the_command_to_decide_it
     client.cancel().await.unwrap();
 }
 
-#[tokio::test]
-async fn with_lead_approvals_the_model_decides_with_agent_approve() {
+async fn with_lead_approvals_the_model_decides_with_agent_approve(via: Via) {
     let server = TestServer::start("[mcp]\napprovals = \"lead\"\n").await;
-    let client = mcp(&server, "lead-decides").await;
+    let client = connect(via, &server, "lead-decides").await;
     let names: Vec<String> = client
         .list_all_tools()
         .await
@@ -640,10 +690,9 @@ async fn call_with<S: rmcp::service::Service<RoleClient>>(
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
 }
 
-#[tokio::test]
-async fn a_traceparent_in_meta_becomes_the_spawns_trace() {
+async fn a_traceparent_in_meta_becomes_the_spawns_trace(via: Via) {
     let mut server = TestServer::start("").await;
-    let client = mcp(&server, "lead-trace").await;
+    let client = connect(via, &server, "lead-trace").await;
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let spawned = call_meta(
         &client,
@@ -763,5 +812,37 @@ async fn a_decision_the_credential_may_not_apply_is_reported_not_asked_again() {
         "{body}"
     );
     assert_eq!(approver.asked.lock().unwrap().len(), 1, "asked once");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn agent_status_puts_a_pending_approval_to_the_user_too() {
+    let mut server = TestServer::start("").await;
+    let addr = server.handle.addr().to_string();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_subagentd")).configure(|c| {
+        c.args(["mcp", "--addr", &addr, "--lead-id", "lead-status-asks"])
+            .env_remove("SUBAGENTD_AGENT_ID");
+    });
+    let approver = Approver {
+        decision: "approve",
+        asked: Default::default(),
+    };
+    let client = approver
+        .clone()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    let id = spawn_bg_with(&client, "approve shell\noutput after").await;
+    // Settled: awaiting approval.
+    let paused = await_all(&mut server.client, &[&id]).await.remove(0);
+    assert_eq!(
+        status(&paused),
+        subagentd::pb::AgentStatus::AwaitingApproval
+    );
+    let listed = call_with(&client, "agent_status", json!({"ids": [id], "limit": null})).await;
+    let row = &structured(&listed)["agents"][0];
+    assert_ne!(row["status"], "awaiting_approval", "{row}");
+    assert!(row["approval_id"].is_null(), "{row}");
+    assert_eq!(approver.asked.lock().unwrap().len(), 1);
     client.cancel().await.unwrap();
 }

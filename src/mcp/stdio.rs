@@ -87,7 +87,6 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         session: session.clone(),
         settings: parking_lot::Mutex::new(None),
     });
-    eprintln!("subagentd mcp: serving the lead tools of {url} on stdio");
     let server = LeadServer::new(source)
         .serve(rmcp::transport::stdio())
         .await
