@@ -493,7 +493,9 @@ impl Http1Listener {
 
 impl axum::serve::Listener for Http1Listener {
     type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
+    /// The peer, with its verified client certificate's SANs (`/mcp`
+    /// authenticates by them).
+    type Addr = PeerInfo;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
@@ -509,7 +511,10 @@ impl axum::serve::Listener for Http1Listener {
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
             let acceptor = TlsAcceptor::from(Arc::new(config));
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => return (stream, remote),
+                Ok(Ok(stream)) => {
+                    let conn = TlsConn::new(stream, remote);
+                    return (conn.stream, conn.peer);
+                }
                 Ok(Err(e)) => debug!(%remote, error = %e, "metrics TLS handshake failed"),
                 Err(_) => debug!(%remote, "metrics TLS handshake timed out"),
             }
@@ -517,6 +522,17 @@ impl axum::serve::Listener for Http1Listener {
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.tcp.local_addr()
+        Ok(PeerInfo {
+            remote: self.tcp.local_addr()?,
+            sans: None,
+        })
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Http1Listener>>
+    for PeerInfo
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Http1Listener>) -> Self {
+        stream.remote_addr().clone()
     }
 }

@@ -772,3 +772,101 @@ async fn mcp_over_https_with_the_servers_certificate() {
         .await;
     assert!(plain.map(|r| !r.status().is_success()).unwrap_or(true));
 }
+
+/// `/mcp` authenticates by client certificate as the gRPC listener does:
+/// under `client_auth = "required"` a mapped certificate's principal
+/// spawns into its tenant through the tools, without a bearer credential.
+#[tokio::test]
+async fn mcp_over_https_authenticates_by_client_certificate() {
+    let ca = Ca::new("test ca");
+    let files = Files::new();
+    let toml = format!(
+        "{}\n[http]\ntls = true\n",
+        cert_principals("required", &files, &ca, "")
+    );
+    let s = TlsServer::start(files, &toml).await;
+    let addr = s.handle.http_addr().expect("/mcp");
+    let frontend = ca.client(&["spiffe://test/ns/agents/sa/frontend"]);
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem.as_bytes()).unwrap())
+        .identity(
+            reqwest::Identity::from_pem(format!("{}{}", frontend.cert, frontend.key).as_bytes())
+                .unwrap(),
+        )
+        .resolve("localhost", addr)
+        .build()
+        .unwrap();
+    let url = format!("https://localhost:{}/mcp", addr.port());
+    let rpc = |session: Option<String>, body: serde_json::Value| {
+        let mut request = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        async move {
+            let response = request.send().await.expect("/mcp answers");
+            assert!(response.status().is_success(), "{response:?}");
+            let session = response
+                .headers()
+                .get("mcp-session-id")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let text = response.text().await.unwrap();
+            let answer = text
+                .lines()
+                .map(|l| l.strip_prefix("data:").unwrap_or(l).trim())
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v.get("id").is_some());
+            (session, answer)
+        }
+    };
+    let (session, _) = rpc(
+        None,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "mtls-test", "version": "0"}}}),
+    )
+    .await;
+    rpc(
+        session.clone(),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, spawned) = rpc(
+        session,
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "agent_spawn", "arguments": {
+                "prompt": "output by certificate", "agent": "simulated", "description": null,
+                "model": "acme/m", "wait_seconds": 10, "timeout_minutes": null,
+                "continue_from": null, "fork": null}}}),
+    )
+    .await;
+    let result = &spawned.unwrap()["result"];
+    assert_eq!(result["structuredContent"]["status"], "done", "{result}");
+    let id = result["structuredContent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The agent is the certificate principal's: its tenant, its lead.
+    let mut c = connect(s.handle.addr(), &ca, Some(&frontend))
+        .await
+        .unwrap();
+    let agent = c
+        .status(pb::StatusRequest {
+            ids: vec![id],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .remove(0);
+    assert_eq!(agent.tenant, "team-a");
+    assert!(
+        agent.lead_id.starts_with("cert:") || !agent.lead_id.is_empty(),
+        "{}",
+        agent.lead_id
+    );
+}

@@ -45,6 +45,9 @@ pub struct Session {
     credential: Option<AsciiMetadataValue>,
     /// The `subagentd-tenant` header: which of a JWT's tenants to act in.
     tenant: Option<AsciiMetadataValue>,
+    /// Other headers every call carries (`/mcp`: the caller's certificate
+    /// SANs).
+    headers: Vec<(&'static str, AsciiMetadataValue)>,
     /// Whose agents.
     pub owner: Owner,
 }
@@ -58,8 +61,15 @@ impl Session {
                 .max_decoding_message_size(crate::client::MAX_RESPONSE_BYTES),
             credential,
             tenant: None,
+            headers: Vec::new(),
             owner,
         }
+    }
+
+    /// Sends `name: value` with every call.
+    pub fn with_header(mut self, name: &'static str, value: AsciiMetadataValue) -> Self {
+        self.headers.push((name, value));
+        self
     }
 
     /// Acts in `tenant` (the `subagentd-tenant` header, for a JWT that
@@ -82,6 +92,9 @@ impl Session {
             request
                 .metadata_mut()
                 .insert(crate::auth::jwt::TENANT_HEADER, value.clone());
+        }
+        for (name, value) in &self.headers {
+            request.metadata_mut().insert(*name, value.clone());
         }
         if let Some(value) = traceparent {
             request.metadata_mut().insert("traceparent", value.clone());

@@ -87,6 +87,8 @@ pub(super) async fn serve(
     tasks.push(tokio::spawn(async move {
         let served = match tls {
             Some(acceptor) => {
+                // Each request knows its connection's client certificate.
+                let app = app.into_make_service_with_connect_info::<crate::tls::PeerInfo>();
                 axum::serve(crate::tls::Http1Listener::new(listener, acceptor), app)
                     .with_graceful_shutdown(shutdown.cancelled_owned())
                     .await
@@ -132,6 +134,11 @@ async fn authenticate(
         peer_sans: None,
         tenant: headers.get(TENANT_HEADER).map(|v| v.as_bytes()),
     };
+    let sans = peer_sans(request.extensions());
+    let credential = Credential {
+        peer_sans: sans.as_deref(),
+        ..credential
+    };
     match authenticator.load().authenticate_call(credential) {
         Ok(_) => next.run(request).await,
         Err(e) => (
@@ -141,6 +148,14 @@ async fn authenticate(
         )
             .into_response(),
     }
+}
+
+/// The SANs of the request's verified client certificate, if it came over
+/// TLS with one.
+fn peer_sans(extensions: &http::Extensions) -> Option<Arc<[Arc<str>]>> {
+    extensions
+        .get::<axum::extract::ConnectInfo<crate::tls::PeerInfo>>()
+        .and_then(|info| info.0.sans.clone())
 }
 
 /// A channel to this server's own gRPC listener: over loopback when it
@@ -168,10 +183,14 @@ fn own_channel(
             .into_iter()
             .find(|f| !f.is_empty())
             .cloned();
+        // Presenting this server's own certificate, as a standby does to
+        // its leader: the gRPC listener then trusts the client-certificate
+        // SANs a call forwards (`api::auth::FORWARDED_SANS_HEADER`), and a
+        // bearer credential still speaks for its call.
         let mut client = crate::tls::ClientTls {
             ca_file: ca,
-            cert_file: None,
-            key_file: None,
+            cert_file: Some(config.server.tls.cert_file.clone()),
+            key_file: Some(config.server.tls.key_file.clone()),
         }
         .config()
         .context("TLS from /mcp to this server's gRPC listener")?;
@@ -200,6 +219,7 @@ const SETTINGS_TTL: Duration = Duration::from_secs(30);
 impl SessionSource for HttpSessions {
     fn tools(&self, parts: Option<&http::request::Parts>) -> BoxFuture<'_, Result<Tools, String>> {
         let headers = parts.map(|p| p.headers.clone()).unwrap_or_default();
+        let sans = parts.and_then(|p| peer_sans(&p.extensions));
         Box::pin(async move {
             let authorization = headers.get(http::header::AUTHORIZATION);
             let credential = authorization
@@ -213,9 +233,16 @@ impl SessionSource for HttpSessions {
                 .map_err(|_| format!("the {TENANT_HEADER} header is not ASCII"))?;
             let owner = match headers.get(LEAD_HEADER).and_then(|v| v.to_str().ok()) {
                 Some(lead) if !lead.trim().is_empty() => Owner::Lead(lead.trim().to_owned()),
-                _ => self.principal_owner(&headers),
+                _ => self.principal_owner(&headers, sans.as_deref()),
             };
-            let session = Session::new(self.channel.clone(), credential, owner).with_tenant(tenant);
+            let mut session =
+                Session::new(self.channel.clone(), credential, owner).with_tenant(tenant);
+            if let Some(sans) = sans {
+                let joined = sans.iter().map(|s| &**s).collect::<Vec<_>>().join(" ");
+                let value = AsciiMetadataValue::try_from(joined)
+                    .map_err(|_| "a client certificate SAN is not ASCII".to_owned())?;
+                session = session.with_header(crate::api::auth::FORWARDED_SANS_HEADER, value);
+            }
             let cached = self.settings.lock().clone();
             let settings = match cached {
                 Some((read, settings)) if read.elapsed() < SETTINGS_TTL => settings,
@@ -241,7 +268,7 @@ impl HttpSessions {
     /// its run credential (so its spawns are its children, as over stdio),
     /// else the lead named by the principal, or the shared lead without
     /// authentication.
-    fn principal_owner(&self, headers: &http::HeaderMap) -> Owner {
+    fn principal_owner(&self, headers: &http::HeaderMap, sans: Option<&[Arc<str>]>) -> Owner {
         let authenticator = self.authenticator.load();
         if !authenticator.required() {
             return Owner::Lead(SHARED_LEAD.to_owned());
@@ -250,7 +277,7 @@ impl HttpSessions {
             authorization: headers
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
-            peer_sans: None,
+            peer_sans: sans,
             tenant: headers.get(TENANT_HEADER).map(|v| v.as_bytes()),
         };
         let name = authenticator
