@@ -28,9 +28,11 @@ import os
 import shutil
 import sys
 import uuid
+from typing import Any
 
 from agents import Agent, Runner, set_default_openai_api, set_tracing_disabled
 from agents.mcp import MCPServerStdio
+from agents.mcp.util import MCPToolMetaContext
 
 INSTRUCTIONS = """\
 You lead a team of sub-agents that subagentd runs for you. Split the task into
@@ -48,7 +50,7 @@ results you collected.
 MCP_TIMEOUT_SECONDS = 70.0
 
 
-def tool_call_meta(context) -> "dict | None":
+def tool_call_meta(context: MCPToolMetaContext) -> "dict[str, Any] | None":
     """`_meta` of each MCP tool call: the model's tool call id makes
     agent_spawn idempotent, so a retried call starts no second agent."""
     call_id = getattr(context.run_context, "tool_call_id", None)
@@ -56,7 +58,7 @@ def tool_call_meta(context) -> "dict | None":
 
 
 def parse_args(argv: "list[str] | None") -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("task", nargs="?", default="Write three one-line slogans for a bakery, each by a different sub-agent.")
     parser.add_argument("--addr", default=os.environ.get("SUBAGENTD_ADDR", "127.0.0.1:50051"),
                         help="the subagentd server's gRPC address")

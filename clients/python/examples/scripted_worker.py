@@ -30,12 +30,11 @@ import argparse
 import logging
 import sys
 
-from subagents.v1 import subagents_pb2 as pb
 from subagentd.worker import Run, RunFailed, Worker
 
 
 def handle(run: Run) -> str:
-    lines = []
+    lines: list[str] = []
 
     def emit(text: str) -> None:
         run.output(text if not lines else "\n" + text)
@@ -52,8 +51,8 @@ def handle(run: Run) -> str:
             run.session = rest
         elif word == "history":
             emit(f"previous session: {run.previous_session or 'none'}")
-            for entry in run.transcript:
-                kind = pb.TranscriptEntryKind.Name(entry.kind).removeprefix("TRANSCRIPT_ENTRY_KIND_").lower()
+            for entry in run.history:
+                kind = entry.kind.name.lower()
                 text = entry.text.replace("\n", "\\n")
                 emit(f"turn {entry.turn} {kind}: {text}")
         elif word == "tool" and rest:
@@ -73,7 +72,7 @@ def handle(run: Run) -> str:
             run.wait_cancelled()
         elif word == "fail_on" and len(rest.split()) == 2:
             model, status = rest.split()
-            if run.agent.model == model:
+            if run.agent_view.model == model:
                 code = int(status)
                 retryable = code in (401, 403, 404, 429) or code >= 500
                 raise RunFailed(f"PROVIDER_{code}", f"provider error {code} on {model}", retryable=retryable)

@@ -10,38 +10,27 @@ import argparse
 import logging
 import sys
 import threading
+from typing import Callable
 
-import grpc
-from google.protobuf import duration_pb2
-
+from subagentd import AgentStatus, Client
 from subagentd.worker import Run, RunFailed, Worker
-from subagents.v1 import subagents_pb2 as pb
-from subagents.v1 import subagents_pb2_grpc
 
 
-def make_handler(addr: str, child_agent: str, child_model: str):
-    agents = subagents_pb2_grpc.AgentServiceStub(grpc.insecure_channel(addr))
-
+def make_handler(client: Client, child_agent: str, child_model: str) -> Callable[[Run], str]:
     def handle(run: Run) -> str:
         children = []
         for part in ("first half", "second half"):
-            spawned = agents.Spawn(
-                pb.SpawnRequest(
-                    agent=child_agent,
-                    model=child_model,
-                    prompt=f"{part} of: {run.prompt}",
-                    parent_id=run.id,
-                    background=True,
-                )
+            child = client.spawn(
+                child_agent, f"{part} of: {run.prompt}", model=child_model, parent_id=run.id, background=True
             )
-            children.append(spawned.agent.id)
-            run.output(f"spawned {spawned.agent.id}\n")
-        done = agents.Await(pb.AwaitRequest(ids=children, timeout=duration_pb2.Duration(seconds=60)))
+            children.append(child.id)
+            run.output(f"spawned {child.id}\n")
+        done = client.await_(children, timeout=60)
         if done.timed_out:
             raise RunFailed("CHILDREN_TIMED_OUT", "children did not finish within 60 s")
-        failed = [a for a in done.agents if a.status != pb.AGENT_STATUS_DONE]
+        failed = [a for a in done.agents if a.status != AgentStatus.DONE]
         if failed:
-            raise RunFailed("CHILD_FAILED", f"{failed[0].id} ended {pb.AgentStatus.Name(failed[0].status)}")
+            raise RunFailed("CHILD_FAILED", f"{failed[0].id} ended {failed[0].status.name}")
         return "\n".join(a.result for a in done.agents)
 
     return handle
@@ -56,20 +45,21 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=1)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    worker = Worker(
-        args.addr,
-        agents=args.agents.split(","),
-        capacity=args.capacity,
-        name="spawning-worker",
-        handler=make_handler(args.addr, args.child_agent, args.child_model),
-    )
+    with Client(args.addr) as client:
+        worker = Worker(
+            args.addr,
+            agents=args.agents.split(","),
+            capacity=args.capacity,
+            name="spawning-worker",
+            handler=make_handler(client, args.child_agent, args.child_model),
+        )
 
-    def announce() -> None:
-        worker.ready.wait()
-        print(f"ready {worker.worker_id}", flush=True)
+        def announce() -> None:
+            worker.ready.wait()
+            print(f"ready {worker.worker_id}", flush=True)
 
-    threading.Thread(target=announce, daemon=True).start()
-    worker.run()
+        threading.Thread(target=announce, daemon=True).start()
+        worker.run()
 
 
 if __name__ == "__main__":

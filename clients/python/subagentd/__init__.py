@@ -1,16 +1,134 @@
-"""Python client and worker library for subagentd (`subagents.v1`).
+"""Typed Python client and worker library for subagentd (`subagents.v1`).
 
-The generated stubs live in the `subagents.v1` package (built from the
-repository's proto/ when this package is installed):
+    from subagentd import Client
 
-    import grpc
-    from subagents.v1 import subagents_pb2 as pb, subagents_pb2_grpc
+    with Client() as client:            # SUBAGENTD_ADDR, SUBAGENTD_TOKEN, TLS files
+        for n in range(3):
+            client.spawn("coder", f"part {n}", background=True, lead_id="lead-1")
+        settled = client.await_(lead_id="lead-1", mode="any", collect=True, timeout=600)
 
-    agents = subagents_pb2_grpc.AgentServiceStub(grpc.insecure_channel("127.0.0.1:50051"))
-
-`subagentd.worker` serves runs of worker agent types.
+`Client` (sync) and `subagentd.aio.AsyncClient` (asyncio) call AgentService;
+`subagentd.types` holds the values they return, `subagentd.errors` the
+exceptions they raise; `subagentd.worker.Worker` serves runs of worker agent
+types. The generated stubs are in the `subagents.v1` package (built into the
+wheel from the protos). `subagentd.tools.LeadTools` (the `tools` extra) gives
+a model loop of your own the server's MCP lead tools; it is not imported here.
 """
 
+from . import errors, types
+from .aio import AsyncClient, AsyncWatch
+from .client import Client, RetryPolicy, Watch
+from .errors import (
+    AgentBusy,
+    AgentFinished,
+    AgentNotFound,
+    ApprovalMismatch,
+    ConversationExpired,
+    DeadlineExceeded,
+    DepthLimitReached,
+    DescendantLimitReached,
+    FieldViolation,
+    GlobalLimitReached,
+    InvalidRequest,
+    NoLeader,
+    NotAwaitingApproval,
+    NotLatest,
+    NotResumable,
+    PermissionDenied,
+    RateLimited,
+    Recovering,
+    ShuttingDown,
+    SteerNotAccepted,
+    StoreFailed,
+    SubagentdError,
+    TenantLimitReached,
+    Unauthenticated,
+    Unavailable,
+    UnknownAgentType,
+    WatchLagged,
+    WatchLimitReached,
+)
+from .types import (
+    Agent,
+    AgentError,
+    AgentStatus,
+    AgentTypeInfo,
+    Approval,
+    ApprovalDecision,
+    Attempt,
+    AwaitMode,
+    AwaitResult,
+    Event,
+    EventKind,
+    McpSettings,
+    ServerInfo,
+    SteerDelivery,
+    SteerResult,
+    ToolCall,
+    TranscriptEntry,
+    TranscriptEntryKind,
+    Usage,
+)
 from .worker import ApprovalOutcome, Cancelled, Run, RunFailed, Worker
 
-__all__ = ["ApprovalOutcome", "Cancelled", "Run", "RunFailed", "Worker"]
+__all__ = [
+    "Agent",
+    "AgentBusy",
+    "AgentError",
+    "AgentFinished",
+    "AgentNotFound",
+    "AgentStatus",
+    "AgentTypeInfo",
+    "Approval",
+    "ApprovalDecision",
+    "ApprovalMismatch",
+    "ApprovalOutcome",
+    "AsyncClient",
+    "AsyncWatch",
+    "Attempt",
+    "AwaitMode",
+    "AwaitResult",
+    "Cancelled",
+    "Client",
+    "ConversationExpired",
+    "DeadlineExceeded",
+    "DepthLimitReached",
+    "DescendantLimitReached",
+    "Event",
+    "EventKind",
+    "FieldViolation",
+    "GlobalLimitReached",
+    "InvalidRequest",
+    "McpSettings",
+    "NoLeader",
+    "NotAwaitingApproval",
+    "NotLatest",
+    "NotResumable",
+    "PermissionDenied",
+    "RateLimited",
+    "Recovering",
+    "RetryPolicy",
+    "Run",
+    "RunFailed",
+    "ServerInfo",
+    "ShuttingDown",
+    "SteerDelivery",
+    "SteerNotAccepted",
+    "SteerResult",
+    "StoreFailed",
+    "SubagentdError",
+    "TenantLimitReached",
+    "ToolCall",
+    "TranscriptEntry",
+    "TranscriptEntryKind",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownAgentType",
+    "Usage",
+    "WatchLagged",
+    "WatchLimitReached",
+    "Watch",
+    "Worker",
+    "errors",
+    "types",
+]

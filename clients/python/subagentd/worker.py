@@ -51,15 +51,21 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TypeVar
 
 import grpc
 
-from subagents.v1 import subagents_pb2, workers_pb2, workers_pb2_grpc
+from subagents.v1 import subagents_pb2, workers_pb2
 
-from . import client
+from . import _convert, client
+from .types import Agent, TranscriptEntry
 
 log = logging.getLogger("subagentd.worker")
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    _Connect = grpc.StreamStreamMultiCallable[workers_pb2.ConnectRequest, workers_pb2.ConnectResponse]
 
 __all__ = ["ApprovalOutcome", "Cancelled", "Run", "RunFailed", "Worker"]
 
@@ -115,6 +121,11 @@ class Run:
         #: results), oldest first, as ``subagents_pb2.TranscriptEntry``;
         #: empty for the first turn of a conversation.
         self.transcript: List[subagents_pb2.TranscriptEntry] = list(assignment.transcript)
+        #: The same entries as ``subagentd.types.TranscriptEntry`` (what
+        #: ``Client.transcript`` yields): enums and datetimes.
+        self.history: List[TranscriptEntry] = [_convert.transcript_entry(e) for e in assignment.transcript]
+        #: The agent as ``subagentd.types.Agent`` (what ``Client`` returns).
+        self.agent_view: Agent = _convert.agent(assignment.agent)
         #: The session this worker returned for the previous turn (see
         #: ``session``), or "" when it returned none: resume it.
         self.previous_session: str = assignment.session
@@ -179,7 +190,7 @@ class Run:
 
     def pending_steers(self) -> List[str]:
         """Steer messages that arrived and were not read yet."""
-        out = []
+        out: List[str] = []
         while True:
             try:
                 out.append(self._steers.get_nowait())
@@ -202,7 +213,7 @@ class Run:
 
     # ----- internals ----------------------------------------------------------
 
-    def _wait(self, q: "queue.Queue", timeout: Optional[float]):
+    def _wait(self, q: "queue.Queue[T]", timeout: Optional[float]) -> T:
         deadline = None if timeout is None else _now() + timeout
         while True:
             if self._cancelled.is_set():
@@ -216,7 +227,7 @@ class Run:
             except queue.Empty:
                 continue
 
-    def _event(self, **fields) -> None:
+    def _event(self, **fields: Any) -> None:
         with self._lock:
             if self._finished:
                 return
@@ -288,7 +299,7 @@ class Worker:
         self._runs: Dict[str, Run] = {}
         self._runs_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(1, capacity), thread_name_prefix="subagentd-run")
-        self._call = None
+        self._call: Optional[Any] = None
         #: Set once the server answered the hello.
         self.ready = threading.Event()
         #: The server's id for this session (after `ready`).
@@ -304,11 +315,15 @@ class Worker:
         channel = self._channel or client.channel(
             self.target, self.token, ca_file=ca_file, cert_file=cert_file, key_file=key_file
         )
-        stub = workers_pb2_grpc.WorkerServiceStub(channel)
+        connect: "_Connect" = channel.stream_stream(
+            "/subagents.v1.WorkerService/Connect",
+            request_serializer=workers_pb2.ConnectRequest.SerializeToString,
+            response_deserializer=workers_pb2.ConnectResponse.FromString,
+        )
         try:
             while True:
                 try:
-                    self._session(stub)
+                    self._session(connect)
                 except grpc.RpcError as e:
                     code = e.code()
                     if code == grpc.StatusCode.CANCELLED and self._stopping.is_set():
@@ -336,7 +351,7 @@ class Worker:
             if self._channel is None:
                 channel.close()
 
-    def _session(self, stub: workers_pb2_grpc.WorkerServiceStub) -> None:
+    def _session(self, connect: _Connect) -> None:
         """One session: the hello (naming the runs still held), then
         commands until the stream ends. Reports made while no session was
         open are sent after the hello."""
@@ -359,7 +374,8 @@ class Worker:
             r._lock.acquire()
         try:
             with self._send_lock:
-                previous, outgoing = self._outgoing, queue.Queue()
+                previous = self._outgoing
+                outgoing: "queue.Queue[Optional[workers_pb2.ConnectRequest]]" = queue.Queue()
                 self._outgoing = outgoing
                 previous.put(None)
                 outgoing.put(workers_pb2.ConnectRequest(hello=hello))
@@ -369,7 +385,7 @@ class Worker:
         finally:
             for r in reversed(runs):
                 r._lock.release()
-        self._call = stub.Connect(self._requests(outgoing))
+        self._call = connect(self._requests(outgoing))
         for response in self._call:
             self._dispatch(response)
 
@@ -380,7 +396,9 @@ class Worker:
         if self._call is not None:
             self._call.cancel()
 
-    def _requests(self, outgoing: "queue.Queue") -> Iterator[workers_pb2.ConnectRequest]:
+    def _requests(
+        self, outgoing: "queue.Queue[Optional[workers_pb2.ConnectRequest]]"
+    ) -> Iterator[workers_pb2.ConnectRequest]:
         while True:
             item = outgoing.get()
             if item is None:
@@ -398,10 +416,10 @@ class Worker:
             self.ready.set()
             log.info("connected as %s", self.worker_id)
         elif kind == "assign":
-            run = Run(response.assign, self._send)
+            assigned = Run(response.assign, self._send)
             with self._runs_lock:
-                self._runs[run.id] = run
-            self._pool.submit(self._execute, run)
+                self._runs[assigned.id] = assigned
+            self._pool.submit(self._execute, assigned)
         elif kind == "steer":
             run = self._run(response.steer.agent_id)
             if run is not None:

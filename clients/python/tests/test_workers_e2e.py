@@ -74,12 +74,18 @@ def _wait_for(lines: "queue.Queue[str]", marker: str, what: str, seen: "list | N
 class Server:
     """subagentd serving a config on a free loopback port."""
 
-    def __init__(self, max_background: int = 20, config: "str | None" = None, env: "dict | None" = None):
+    def __init__(
+        self,
+        max_background: int = 20,
+        config: "str | None" = None,
+        env: "dict | None" = None,
+        listen: str = "127.0.0.1:0",
+    ):
         self.config = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
         self.config.write(config if config is not None else CONFIG.format(max_background=max_background))
         self.config.close()
         self.proc = subprocess.Popen(
-            [BIN, "serve", "--config", self.config.name, "--listen", "127.0.0.1:0"],
+            [BIN, "serve", "--config", self.config.name, "--listen", listen],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
