@@ -31,7 +31,7 @@ from subagents.v1 import subagents_pb2_grpc
 ROOT = Path(__file__).resolve().parents[3]
 PY_EXAMPLE = ROOT / "clients" / "python" / "examples" / "lead_workflow.py"
 TS_DIR = ROOT / "clients" / "typescript"
-TS_EXAMPLE = TS_DIR / "dist" / "lead_workflow.js"
+TS_EXAMPLE = TS_DIR / "dist" / "examples" / "lead_workflow.js"
 BIN = os.environ.get("SUBAGENTD_BIN", str(ROOT / "target" / "debug" / "subagentd"))
 REQUIRE_TS = bool(os.environ.get("SUBAGENTD_REQUIRE_TS"))
 # Guards against hangs only; nothing waits for a time to pass.
@@ -161,7 +161,7 @@ def _normalize(lines, lead_id, ids):
 
 def _build_typescript(target: Path = TS_EXAMPLE) -> None:
     """tsc, when `target` (a file of dist/) is missing or older than a source file."""
-    sources = list((TS_DIR / "src").glob("*.ts")) + [TS_DIR / "tsconfig.json"]
+    sources = [p for d in ("src", "examples", "test") for p in (TS_DIR / d).rglob("*.ts")] + [TS_DIR / "tsconfig.json"]
     if target.exists() and target.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
         return
     tsc = TS_DIR / "node_modules" / "typescript" / "bin" / "tsc"

@@ -6,7 +6,7 @@ against the real binary.
 - examples/openai_agents_lead.py, the OpenAI Agents SDK with subagentd as its
   MCP server, against a scripted OpenAI-compatible model served by this test
   on loopback (no real network).
-- clients/typescript/src/mcp_e2e.ts, the MCP TypeScript SDK over both
+- clients/typescript/examples/mcp_e2e.ts, the MCP TypeScript SDK over both
   transports (skipped without clients/typescript/node_modules unless
   SUBAGENTD_REQUIRE_TS is set; .ci/clients-e2e.sh sets it).
 
@@ -48,7 +48,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 REQUIRE_MCP = bool(os.environ.get("SUBAGENTD_REQUIRE_MCP"))
 
 AGENTS_EXAMPLE = EXAMPLES / "openai_agents_lead.py"
-TS_MCP = TS_DIR / "dist" / "mcp_e2e.js"
+TS_MCP = TS_DIR / "dist" / "examples" / "mcp_e2e.js"
 
 # tools/list without [mcp] approvals = "lead" (no agent_approve), in catalogue order.
 TOOLS = ["agent_spawn", "agent_status", "agent_await", "agent_result", "agent_cancel", "agent_steer"]

@@ -6,7 +6,7 @@
 // returned twice). Exits non-zero on any failed check.
 //
 //   subagentd serve &     # gRPC on 127.0.0.1:50051, /mcp on 127.0.0.1:50080
-//   npm run build && node dist/mcp_e2e.js --bin subagentd \
+//   npm run build && node dist/examples/mcp_e2e.js --bin subagentd \
 //       --addr 127.0.0.1:50051 --http 127.0.0.1:50080
 //
 // Prints one line per transport: `<transport> <lead> <agent id> <status> <result as JSON>`.
