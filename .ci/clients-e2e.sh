@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The TypeScript cases of the Python-driven end-to-end tests: the
 # TypeScript lead workflow example (clients/typescript/examples/lead_workflow.ts,
-# plain and over TLS, its output compared line by line with the Python
-# example's) and the MCP TypeScript SDK over stdio and streamable HTTP
+# plain and over TLS, its output checked against the same expected lines
+# as the Python example's) and the MCP TypeScript SDK over stdio and streamable HTTP
 # (clients/typescript/examples/mcp_e2e.ts), each against the built binary on
 # a fresh server. Their Python cases ran in .ci/python-client.sh.
 #

@@ -6,7 +6,7 @@
 # outside the repository and used from there (an ESM program and a strict
 # type check of a consumer).
 #
-# Needs target/debug/subagentd (or SUBAGENTD_BIN) and Node.js 18 or later.
+# Needs target/debug/subagentd (or SUBAGENTD_BIN) and Node.js 18.14.1 or later (package.json engines).
 set -euo pipefail
 
 # Always work from the repository root, wherever the script is called from.

@@ -5,8 +5,8 @@ a Spawn with an idempotency key retry within their deadline; Steer,
 Approve and a Spawn without a key do not; a deadline too short for the
 next try ends with the server's error.
 
-The same rules against real servers (a standby without a leader) are in
-test_client_e2e.py's PostgreSQL case.
+Against real servers, a Spawn through a standby whose leader was just
+killed is retried through NO_LEADER in test_client_failover_e2e.py.
 """
 
 import asyncio
