@@ -49,6 +49,41 @@ pub enum SteerInput {
     Stdin,
 }
 
+/// Whether a command run gets a checkout of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceKind {
+    /// Runs share the type's `cwd`.
+    #[default]
+    None,
+    /// Each run in its own git worktree, on its own branch.
+    Worktree,
+}
+
+impl WorkspaceKind {
+    fn is_none(&self) -> bool {
+        *self == WorkspaceKind::None
+    }
+}
+
+/// Which workspace branches outlive their run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepBranch {
+    /// Those the run changed.
+    #[default]
+    Changes,
+    Always,
+    Never,
+}
+
+/// The author of the commits a workspace's run ends with.
+pub const DEFAULT_COMMIT_AUTHOR: &str = "subagentd <subagentd@localhost>";
+/// Their message.
+pub const DEFAULT_COMMIT_MESSAGE: &str = "subagentd: work of agent {id}\n\n{description}";
+/// The prefix of a workspace run's branch.
+pub const DEFAULT_BRANCH_PREFIX: &str = "subagentd/";
+
 /// `[agents.NAME]` section. Keys other than `runner` belong to one runner
 /// and are refused for the others.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -100,6 +135,41 @@ pub struct AgentTypeConfig {
     /// 1 MiB); the rest is cut with a marker while the run goes on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// Command runner: `"worktree"` gives each run its own git worktree of
+    /// `repo` on its own branch, committed and removed when the run ends
+    /// (docs/workspaces.md); `"none"` (default) runs in `cwd`.
+    #[serde(default, skip_serializing_if = "WorkspaceKind::is_none")]
+    pub workspace: WorkspaceKind,
+    /// Workspace: the git repository the worktrees belong to (required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<std::path::PathBuf>,
+    /// Workspace: the ref a first turn starts at (default "HEAD").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Workspace: a run's branch is this prefix and its agent id (default
+    /// "subagentd/").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_prefix: Option<String>,
+    /// Workspace: which branches outlive their run: `changes` (default:
+    /// those the run changed), `always`, `never`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<KeepBranch>,
+    /// Workspace: where the worktrees are created (default: `worktrees`
+    /// in the store's data directory; required for `subagentd worker`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<std::path::PathBuf>,
+    /// Workspace: "Name <email>" of the commits made when a run ends
+    /// (default [`DEFAULT_COMMIT_AUTHOR`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_author: Option<String>,
+    /// Workspace: the message of those commits; `{id}` and
+    /// `{description}` are replaced (default [`DEFAULT_COMMIT_MESSAGE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_message: Option<String>,
+    /// Workspace: a run whose worktree (outside `.git`) grows past this
+    /// fails with `WORKSPACE_FULL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_workspace_bytes: Option<u64>,
     /// The model a Spawn of this type gets when it names none
     /// ("provider/model"). Without one, a Spawn must name its model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -303,6 +373,11 @@ impl AgentTypeConfig {
                 "max_result_bytes",
                 self.max_result_bytes.is_some(),
             ),
+            (
+                RunnerKind::Command,
+                "workspace",
+                self.workspace != WorkspaceKind::None,
+            ),
             (RunnerKind::Openai, "base_url", self.base_url.is_some()),
             (
                 RunnerKind::Openai,
@@ -340,6 +415,7 @@ impl AgentTypeConfig {
                 format!("applies only to runner = \"{owner}\""),
             ));
         }
+        self.validate_workspace(name)?;
         if self.runner == RunnerKind::Command {
             for (k, set) in [
                 ("max_turns", self.max_turns.is_some()),
@@ -397,6 +473,65 @@ impl AgentTypeConfig {
                     "needs a {session} placeholder, e.g. [\"--resume\", \"{session}\"]",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The workspace keys: only with `workspace = "worktree"`, which needs
+    /// `repo`. (Whether `repo` is a git repository is checked when the
+    /// server or worker starts.)
+    fn validate_workspace(&self, name: &str) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("agents.{name}.{k}");
+        let keys = [
+            ("repo", self.repo.is_some()),
+            ("base", self.base.is_some()),
+            ("branch_prefix", self.branch_prefix.is_some()),
+            ("keep", self.keep.is_some()),
+            ("root", self.root.is_some()),
+            ("commit_author", self.commit_author.is_some()),
+            ("commit_message", self.commit_message.is_some()),
+            ("max_workspace_bytes", self.max_workspace_bytes.is_some()),
+        ];
+        if self.workspace == WorkspaceKind::None {
+            return match keys.iter().find(|(_, set)| *set) {
+                Some((k, _)) => Err(invalid(key(k), "applies only to workspace = \"worktree\"")),
+                None => Ok(()),
+            };
+        }
+        if self.repo.as_ref().is_none_or(|r| r.as_os_str().is_empty()) {
+            return Err(invalid(
+                key("repo"),
+                "workspace = \"worktree\" needs the git repository the worktrees belong to",
+            ));
+        }
+        if self.cwd.as_ref().is_some_and(|c| c.is_absolute()) {
+            return Err(invalid(
+                key("cwd"),
+                "with a workspace, cwd is relative to the run's worktree",
+            ));
+        }
+        for (k, value) in [
+            ("base", &self.base),
+            ("branch_prefix", &self.branch_prefix),
+            ("commit_author", &self.commit_author),
+            ("commit_message", &self.commit_message),
+        ] {
+            if let Some(v) = value {
+                if v.trim().is_empty() {
+                    return Err(invalid(key(k), "must not be empty"));
+                }
+                if matches!(k, "base" | "branch_prefix")
+                    && (v.starts_with('-') || v.contains(char::is_whitespace))
+                {
+                    return Err(invalid(
+                        key(k),
+                        format!("must not start with '-' or hold whitespace (got \"{v}\")"),
+                    ));
+                }
+            }
+        }
+        if self.max_workspace_bytes == Some(0) {
+            return Err(invalid(key("max_workspace_bytes"), "must be ≥ 1"));
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 pub mod command;
 pub mod openai;
 pub mod simulated;
+pub mod workspace;
 
 use std::sync::Arc;
 
