@@ -72,3 +72,322 @@ fn workspace_keys_are_refused_where_they_do_not_apply() {
         other => panic!("an unknown keep is a load error, got {other:?}"),
     }
 }
+
+// ----- runs in their own worktrees -------------------------------------------
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::*;
+use subagentd::pb::{self, AgentEventKind as Kind};
+
+/// Runs git in `dir`; its trimmed output.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A repository with `f0.txt`, `f1.txt` and `.gitignore` (`*.log`) in one
+/// commit on `main`, and a folder for scripts and worktrees beside it.
+struct Repo {
+    dir: tempfile::TempDir,
+}
+
+impl Repo {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("repo")).unwrap();
+        let repo = dir.path().join("repo");
+        git(&repo, &["init", "--quiet", "--initial-branch=main"]);
+        std::fs::write(repo.join("f0.txt"), "zero\n").unwrap();
+        std::fs::write(repo.join("f1.txt"), "one\n").unwrap();
+        std::fs::write(repo.join(".gitignore"), "*.log\n").unwrap();
+        git(&repo, &["add", "--all"]);
+        git(
+            &repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "--quiet",
+                "-m",
+                "first",
+            ],
+        );
+        Self { dir }
+    }
+
+    fn repo(&self) -> PathBuf {
+        self.dir.path().join("repo")
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("worktrees")
+    }
+
+    /// An `sh` script beside the repository.
+    fn script(&self, name: &str, body: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
+    /// A server with the command type `coder` running `script` in worktrees.
+    async fn server(&self, script: &str, extra: &str) -> TestServer {
+        TestServer::start(&format!(
+            "[limits]\nmax_background_agents = 40\ndefault_concurrency = 0\nmax_concurrent_per_parent = 0\n\n\
+             [agents.coder]\nrunner = \"command\"\ncommand = [\"sh\", {script:?}]\n\
+             workspace = \"worktree\"\nrepo = {repo:?}\nroot = {root:?}\nkill_grace = \"200ms\"\n{extra}\n",
+            repo = self.repo(),
+            root = self.root(),
+        ))
+        .await
+    }
+
+    /// The worktrees git knows besides the repository itself.
+    fn worktrees(&self) -> Vec<String> {
+        git(&self.repo(), &["worktree", "list", "--porcelain"])
+            .lines()
+            .filter_map(|l| l.strip_prefix("worktree "))
+            .filter(|p| Path::new(p) != self.repo().canonicalize().unwrap())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn branches(&self) -> Vec<String> {
+        git(
+            &self.repo(),
+            &["branch", "--list", "--format=%(refname:short)"],
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    }
+}
+
+fn coder(prompt: &str, background: bool) -> pb::SpawnRequest {
+    pb::SpawnRequest {
+        agent: "coder".into(),
+        model: "acme/m".into(),
+        prompt: prompt.into(),
+        description: "fix the thing".into(),
+        background,
+        ..Default::default()
+    }
+}
+
+/// The fake agent CLI: commits one change itself, leaves others (a
+/// modification, a deletion, a new file and an ignored file) uncommitted,
+/// and prints where it ran.
+const EDITS: &str = r#"set -e
+echo "edited by the agent" > f0.txt
+git add f0.txt
+git -c user.name=agent -c user.email=agent@example.com commit --quiet -m "the agent's own commit"
+echo "more" >> f0.txt
+rm f1.txt
+echo "new" > new.txt
+echo "scratch" > debug.log
+echo "$SUBAGENTD_BRANCH|$SUBAGENTD_WORKSPACE|$(pwd)"
+"#;
+
+#[tokio::test]
+async fn a_run_works_in_its_own_worktree_and_its_changes_stay_on_its_branch() {
+    let repo = Repo::new();
+    let script = repo.script("edit.sh", EDITS);
+    let mut s = repo.server(&script, "").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert_eq!(status(&agent), pb::AgentStatus::Done, "{agent:?}");
+    let branch = format!("subagentd/{}", agent.id);
+    let worktree = repo.root().join(&agent.id);
+    assert_eq!(
+        agent.result.trim(),
+        format!("{branch}|{p}|{p}", p = worktree.display())
+    );
+    // The worktree is gone, the branch holds the agent's commit and one
+    // with what it left uncommitted (not the ignored file).
+    assert!(!worktree.exists());
+    assert!(repo.worktrees().is_empty(), "{:?}", repo.worktrees());
+    assert_eq!(
+        git(
+            &repo.repo(),
+            &["log", "--format=%s", &format!("main..{branch}")]
+        ),
+        format!(
+            "subagentd: work of agent {}\nthe agent's own commit",
+            agent.id
+        )
+    );
+    assert_eq!(
+        git(&repo.repo(), &["log", "-1", "--format=%an|%b", &branch]),
+        "subagentd|fix the thing"
+    );
+    assert_eq!(
+        git(&repo.repo(), &["diff", "--name-status", "main", &branch]),
+        "M\tf0.txt\nD\tf1.txt\nA\tnew.txt"
+    );
+    // The repository's own checkout was never touched.
+    assert_eq!(
+        std::fs::read_to_string(repo.repo().join("f0.txt")).unwrap(),
+        "zero\n"
+    );
+    assert_eq!(git(&repo.repo(), &["status", "--porcelain"]), "");
+}
+
+#[tokio::test]
+async fn a_run_that_changes_nothing_leaves_no_branch_and_keep_always_keeps_it() {
+    let repo = Repo::new();
+    let script = repo.script("noop.sh", "echo nothing to do\n");
+    let mut s = repo.server(&script, "").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert_eq!(status(&agent), pb::AgentStatus::Done);
+    assert_eq!(repo.branches(), ["main"]);
+    assert!(repo.worktrees().is_empty());
+    s.handle.shutdown().await.unwrap();
+
+    let mut s = repo.server(&script, "keep = \"always\"").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert!(repo.branches().contains(&format!("subagentd/{}", agent.id)));
+    assert!(repo.worktrees().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_run_keeps_its_work_too() {
+    let repo = Repo::new();
+    let script = repo.script("fail.sh", "echo half done > half.txt\nexit 3\n");
+    let mut s = repo.server(&script, "").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert_eq!(status(&agent), pb::AgentStatus::Failed);
+    let branch = format!("subagentd/{}", agent.id);
+    assert_eq!(
+        git(&repo.repo(), &["show", &format!("{branch}:half.txt")]),
+        "half done"
+    );
+    assert!(repo.worktrees().is_empty());
+}
+
+#[tokio::test]
+async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
+    let repo = Repo::new();
+    // Writes, says so, then runs until stopped (SIGTERM ends `sleep`).
+    let script = repo.script(
+        "long.sh",
+        "echo draft > wip.txt\necho started\nexec sleep 60\n",
+    );
+    let mut s = repo.server(&script, "").await;
+    let agent = spawn(&mut s.client, coder("go", true)).await;
+    let mut events = watch(
+        &mut s.client,
+        pb::WatchAgentsRequest {
+            ids: vec![agent.id.clone()],
+            include_progress: true,
+            include_snapshot: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for(&mut events, |ev| ev.output.contains("started")).await;
+    cancel(&mut s.client, &agent.id).await;
+    wait_for_event(&mut events, &agent.id, Kind::Cancelled).await;
+    // Shutdown waits for the worktrees of stopped runs to be saved.
+    s.handle.shutdown().await.unwrap();
+    let branch = format!("subagentd/{}", agent.id);
+    assert_eq!(
+        git(&repo.repo(), &["show", &format!("{branch}:wip.txt")]),
+        "draft"
+    );
+    assert!(repo.worktrees().is_empty());
+    assert!(!repo.root().join(&agent.id).exists());
+}
+
+#[tokio::test]
+async fn twenty_runs_at_once_on_one_repository_all_start_and_each_keeps_its_own_branch() {
+    let repo = Repo::new();
+    let script = repo.script(
+        "mine.sh",
+        "echo \"$SUBAGENTD_AGENT_ID\" > mine.txt\necho ok\n",
+    );
+    let s = repo.server(&script, "").await;
+    let spawned = futures_util::future::join_all((0..20).map(|_| {
+        let addr = s.handle.addr();
+        async move {
+            let mut client = connect(addr).await;
+            spawn(&mut client, coder("go", false)).await
+        }
+    }))
+    .await;
+    for agent in &spawned {
+        assert_eq!(status(agent), pb::AgentStatus::Done, "{agent:?}");
+        let branch = format!("subagentd/{}", agent.id);
+        assert_eq!(
+            git(&repo.repo(), &["show", &format!("{branch}:mine.txt")]),
+            agent.id
+        );
+    }
+    assert_eq!(repo.branches().len(), 21);
+    assert!(repo.worktrees().is_empty());
+}
+
+#[tokio::test]
+async fn cwd_is_relative_to_the_worktree() {
+    let repo = Repo::new();
+    std::fs::create_dir(repo.repo().join("sub")).unwrap();
+    std::fs::write(repo.repo().join("sub/keep.txt"), "k\n").unwrap();
+    git(&repo.repo(), &["add", "--all"]);
+    git(
+        &repo.repo(),
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "--quiet",
+            "-m",
+            "sub",
+        ],
+    );
+    let script = repo.script("pwd.sh", "pwd\n");
+    let mut s = repo.server(&script, "cwd = \"sub\"").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert_eq!(
+        agent.result.trim(),
+        repo.root()
+            .join(&agent.id)
+            .join("sub")
+            .display()
+            .to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_repo_that_is_no_git_repository_stops_the_server_from_starting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = subagentd::config::ConfigSource::from_toml_str(&format!(
+        "[agents.coder]\nrunner = \"command\"\ncommand = [\"true\"]\nworkspace = \"worktree\"\nrepo = {:?}\n",
+        dir.path()
+    ))
+    .unwrap();
+    let mut config = config;
+    config.server.listen = "127.0.0.1:0".into();
+    config.telemetry.metrics_listen = "127.0.0.1:0".into();
+    config.http.listen = "127.0.0.1:0".into();
+    config.store.backend = subagentd::config::StoreBackend::Memory;
+    let Err(err) = subagentd::server::start(config, ConfigSource::default()).await else {
+        panic!("the server started with a repo that is no git repository");
+    };
+    let message = format!("{err:#}");
+    assert!(message.contains("agents.coder.repo"), "{message}");
+    assert!(message.contains("not a git repository"), "{message}");
+}

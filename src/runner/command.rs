@@ -7,12 +7,20 @@
 //! explains a failure. However the run ends — exit, cancel, deadline,
 //! server shutdown — the whole group gets SIGTERM and, after the type's
 //! `kill_grace`, SIGKILL, so no grandchild outlives its run.
+//!
+//! A type with `workspace = "worktree"` runs each program in its own git
+//! worktree ([`super::workspace`]): created before the program starts, and
+//! saved (committed, removed, the branch kept or not) once the program's
+//! group is gone — before the run reports its end when it ends by itself,
+//! and by a task of its own when the run is stopped (cancel, deadline),
+//! which server shutdown waits for.
 
 use std::{
     collections::{HashMap, VecDeque},
     io::{Read, Write},
     net::SocketAddr,
     os::fd::{AsRawFd, RawFd},
+    path::PathBuf,
     process::Stdio,
     sync::Arc,
     time::Duration,
@@ -30,8 +38,10 @@ use tokio::{
     process::{Child, Command},
     sync::mpsc,
 };
-use tracing::{debug, warn};
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
 
+use super::workspace::{Saved, Spec, Start, Workspaces, Worktree};
 use super::{Run, RunOutcome, Runner};
 use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
 use crate::scheduler::{
@@ -45,6 +55,8 @@ pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
 
 /// Error code of a program that could not be started.
 pub const CODE_SPAWN_FAILED: &str = "SPAWN_FAILED";
+/// Error code of a run whose worktree could not be created.
+pub const CODE_WORKSPACE_FAILED: &str = "WORKSPACE_FAILED";
 
 /// See the module docs.
 #[derive(Debug, Clone, Default)]
@@ -54,6 +66,12 @@ pub struct CommandRunner {
     /// Process groups not yet known to be gone, so shutdown can finish
     /// stopping them (the server must not exit inside a grace period).
     groups: Groups,
+    /// The git commands of every run's worktree.
+    workspaces: Arc<Workspaces>,
+    /// Where worktrees go when a type sets no `root`.
+    worktree_root: Option<PathBuf>,
+    /// Worktrees of stopped runs still being saved; shutdown waits for them.
+    saving: TaskTracker,
 }
 
 /// Live process groups: pgid → its grace, and when it gets SIGKILL once
@@ -73,7 +91,17 @@ impl CommandRunner {
         Self {
             api_addr: api_url,
             groups: Groups::default(),
+            workspaces: Arc::new(Workspaces::new()),
+            worktree_root: None,
+            saving: TaskTracker::new(),
         }
+    }
+
+    /// Worktrees of types that set no `root` go to `root` (the server's
+    /// data directory's `worktrees`).
+    pub fn with_worktree_root(mut self, root: Option<PathBuf>) -> Self {
+        self.worktree_root = root;
+        self
     }
 
     /// The URL programs of a server bound to `addr` reach it at (an
@@ -123,19 +151,46 @@ impl CommandRunner {
 
 impl Runner for CommandRunner {
     fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome> {
-        Box::pin(run_command(self.api_addr.clone(), self.groups.clone(), run))
+        let workspace =
+            Spec::of(&run.agent_type, self.worktree_root.as_deref()).map(|spec| WorkspaceCtx {
+                workspaces: self.workspaces.clone(),
+                spec,
+                saving: self.saving.clone(),
+            });
+        Box::pin(run_command(
+            self.api_addr.clone(),
+            self.groups.clone(),
+            workspace,
+            run,
+        ))
     }
 
     fn shutdown(&self) -> BoxFuture<'static, ()> {
-        Box::pin(Self::stop_all_groups(self.groups.clone()))
+        let (groups, saving) = (self.groups.clone(), self.saving.clone());
+        Box::pin(async move {
+            Self::stop_all_groups(groups).await;
+            saving.close();
+            saving.wait().await;
+        })
     }
 }
 
-async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> RunOutcome {
+async fn run_command(
+    api_addr: Option<String>,
+    groups: Groups,
+    workspace: Option<WorkspaceCtx>,
+    mut run: Run,
+) -> RunOutcome {
     let cfg = run.agent_type.clone();
     let continuing = Continuing::of(&cfg, &run);
     // Removed however the run ends: read once the program exited.
     let session_file = SessionFile::new(&run);
+    // Saved however the run ends (dropped on cancel or deadline: by a task
+    // of its own) once the program's group is gone.
+    let mut workspace = match workspace {
+        Some(ctx) => Some(RunWorkspace::create(ctx, &run).await?),
+        None => None,
+    };
     // However this future ends from here on (finished, or dropped on cancel
     // or deadline), the group is stopped.
     let (mut child, mut group) = start(
@@ -144,9 +199,13 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
         &run,
         &continuing,
         &session_file,
+        workspace.as_ref().map(|w| &w.worktree),
         groups,
     )
     .await?;
+    if let Some(workspace) = &mut workspace {
+        workspace.pgid = group.pgid;
+    }
 
     // Standard input: a writer task, so a program that does not read its
     // input never stalls the reading of its output.
@@ -242,6 +301,10 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
         Some(task) => task.await.unwrap_or_default(),
         None => String::new(),
     };
+    // The run's work is committed before the run reports its end.
+    if let Some(workspace) = workspace.take() {
+        workspace.save().await;
+    }
     let status = match exit.expect("the loop ends after the exit") {
         Ok(status) => status,
         Err(e) => {
@@ -252,6 +315,122 @@ async fn run_command(api_addr: Option<String>, groups: Groups, mut run: Run) -> 
         }
     };
     outcome(status, output.into_result(), stderr)
+}
+
+/// What a run of a workspace type needs to create and save its worktree.
+struct WorkspaceCtx {
+    workspaces: Arc<Workspaces>,
+    spec: Spec,
+    saving: TaskTracker,
+}
+
+/// A run's worktree. [`RunWorkspace::save`] saves it at the run's own end;
+/// dropped unsaved (the run was stopped), it is saved by a task of its own
+/// once the run's process group is gone.
+struct RunWorkspace {
+    ctx: WorkspaceCtx,
+    worktree: Worktree,
+    id: String,
+    description: String,
+    /// The program's process group, once started.
+    pgid: Option<i32>,
+    saved: bool,
+}
+
+impl RunWorkspace {
+    async fn create(ctx: WorkspaceCtx, run: &Run) -> Result<Self, AgentError> {
+        let id = run.agent.id.to_string();
+        let start = Start::Ref(ctx.spec.base.clone());
+        let worktree = ctx
+            .workspaces
+            .create(&ctx.spec, &id, &start)
+            .await
+            .map_err(|e| {
+                AgentError::new(
+                    CODE_WORKSPACE_FAILED,
+                    format!("creating the run's worktree failed: {e}"),
+                )
+            })?;
+        Ok(Self {
+            ctx,
+            worktree,
+            id,
+            description: run.agent.description.to_string(),
+            pgid: None,
+            saved: false,
+        })
+    }
+
+    async fn save(mut self) -> Option<Saved> {
+        self.saved = true;
+        save_when_gone(
+            self.ctx.workspaces.clone(),
+            self.ctx.spec.clone(),
+            self.worktree.clone(),
+            std::mem::take(&mut self.id),
+            std::mem::take(&mut self.description),
+            self.pgid,
+        )
+        .await
+    }
+}
+
+impl Drop for RunWorkspace {
+    fn drop(&mut self) {
+        if self.saved {
+            return;
+        }
+        let saving = save_when_gone(
+            self.ctx.workspaces.clone(),
+            self.ctx.spec.clone(),
+            self.worktree.clone(),
+            std::mem::take(&mut self.id),
+            std::mem::take(&mut self.description),
+            self.pgid,
+        );
+        // Without a runtime the process is exiting: a restart's recovery
+        // saves what is left.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.ctx.saving.spawn(saving);
+        }
+    }
+}
+
+/// Saves a run's worktree once its process group is gone (its stop —
+/// SIGTERM, SIGKILL after the grace — is under way), so no program still
+/// writes to it.
+async fn save_when_gone(
+    workspaces: Arc<Workspaces>,
+    spec: Spec,
+    worktree: Worktree,
+    id: String,
+    description: String,
+    pgid: Option<i32>,
+) -> Option<Saved> {
+    if let Some(pgid) = pgid {
+        while !group_gone(pgid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    match workspaces.save(&spec, &worktree, &id, &description).await {
+        Ok(saved) => {
+            info!(
+                agent_id = %id,
+                branch = %saved.branch,
+                kept = saved.kept,
+                head = %saved.head_commit,
+                files_changed = saved.files_changed,
+                insertions = saved.insertions,
+                deletions = saved.deletions,
+                "workspace saved"
+            );
+            Some(saved)
+        }
+        Err(e) => {
+            warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving the workspace failed");
+            None
+        }
+    }
 }
 
 /// The environment variables of the server's `[store]` settings.
@@ -278,9 +457,10 @@ async fn start(
     run: &Run,
     continuing: &Continuing,
     session_file: &SessionFile,
+    worktree: Option<&Worktree>,
     groups: Groups,
 ) -> Result<(Child, GroupGuard), AgentError> {
-    let mut cmd = command(cfg, api_addr, run, continuing, session_file);
+    let mut cmd = command(cfg, api_addr, run, continuing, session_file, worktree);
     let (mut pid_rx, pid_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
     let (gate_rx, mut gate_tx) = std::io::pipe().map_err(|e| spawn_failed(cfg, &e))?;
     let child_ends = (pid_tx.as_raw_fd(), gate_rx.as_raw_fd());
@@ -435,6 +615,7 @@ fn command(
     run: &Run,
     continuing: &Continuing,
     session_file: &SessionFile,
+    worktree: Option<&Worktree>,
 ) -> Command {
     let program = &cfg.command[0];
     let mut cmd = Command::new(program);
@@ -450,8 +631,22 @@ fn command(
             cmd.arg(arg.replace("{session}", session));
         }
     }
-    if let Some(cwd) = &cfg.cwd {
-        cmd.current_dir(cwd);
+    match worktree {
+        // `cwd` is relative to the worktree.
+        Some(worktree) => {
+            cmd.current_dir(
+                worktree
+                    .path
+                    .join(cfg.cwd.as_deref().unwrap_or("".as_ref())),
+            )
+            .env("SUBAGENTD_WORKSPACE", &worktree.path)
+            .env("SUBAGENTD_BRANCH", &worktree.branch);
+        }
+        None => {
+            if let Some(cwd) = &cfg.cwd {
+                cmd.current_dir(cwd);
+            }
+        }
     }
     // The server's own store settings stay with the server: a PostgreSQL
     // URL given as SUBAGENTD_STORE__URL may carry the database password.

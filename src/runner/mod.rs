@@ -23,9 +23,11 @@ pub use crate::scheduler::{
 
 /// The built-in runners, by kind (the server's in-process ones, and what
 /// `subagentd worker` runs). Command runs reach the API at `api_url`
-/// (`SUBAGENTD_ADDR`) when given.
+/// (`SUBAGENTD_ADDR`) when given; their worktrees go to `worktree_root`
+/// when their type sets no `root`.
 pub fn builtin(
     api_url: Option<String>,
+    worktree_root: Option<std::path::PathBuf>,
 ) -> std::collections::HashMap<crate::config::RunnerKind, Arc<dyn Runner>> {
     use crate::config::RunnerKind;
     std::collections::HashMap::from([
@@ -35,7 +37,8 @@ pub fn builtin(
         ),
         (
             RunnerKind::Command,
-            Arc::new(command::CommandRunner::new(api_url)) as Arc<dyn Runner>,
+            Arc::new(command::CommandRunner::new(api_url).with_worktree_root(worktree_root))
+                as Arc<dyn Runner>,
         ),
         (
             RunnerKind::Openai,

@@ -279,7 +279,7 @@ mod tests {
     fn scheduler() -> Scheduler {
         Scheduler::new(
             &crate::config::ConfigSource::from_toml_str("").unwrap(),
-            crate::runner::builtin(None),
+            crate::runner::builtin(None, None),
         )
     }
 

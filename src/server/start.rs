@@ -35,6 +35,7 @@ use crate::{
 /// Starts a server for `config` (loaded from `source`, used again on reload).
 pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<ServerHandle> {
     check_exposure(&config)?;
+    check_workspaces(&config).await?;
     let (listener, addr, tls) = listen(&config).await?;
     let keyring = Arc::new(Keyring::new(&config.auth));
     let scheduler = scheduler(&config, addr, &keyring);
@@ -143,9 +144,10 @@ async fn listen(
 fn scheduler(config: &Config, addr: SocketAddr, keyring: &Keyring) -> Scheduler {
     let scheduler = Scheduler::new(
         config,
-        crate::runner::builtin(Some(crate::runner::command::CommandRunner::local_api_url(
-            addr,
-        ))),
+        crate::runner::builtin(
+            Some(crate::runner::command::CommandRunner::local_api_url(addr)),
+            Some(config.store.path.join("worktrees")),
+        ),
     );
     scheduler.set_span_sink(telemetry::run_span_sink());
     scheduler.set_run_credentials(Arc::new(crate::auth::keyring::RunTokenIssuer(
@@ -378,6 +380,21 @@ async fn start_background(
 /// Secure by default: without authentication, only loopback listeners,
 /// unless `[auth] allow_unauthenticated` says otherwise (then a warning at
 /// every start).
+/// Every workspace type's `repo` is a git repository: a server that could
+/// not give its runs their worktrees refuses to start, naming the key.
+pub(crate) async fn check_workspaces(config: &Config) -> anyhow::Result<()> {
+    for (name, agent_type) in &config.agents {
+        if let Some(repo) = agent_type.repo.as_deref() {
+            if agent_type.workspace == crate::config::WorkspaceKind::Worktree {
+                crate::runner::workspace::check_repository(repo)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("agents.{name}.repo: {e}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_exposure(config: &Config) -> anyhow::Result<()> {
     let auth = &config.auth;
     if auth.mode != crate::auth::AuthMode::None {

@@ -230,7 +230,7 @@ impl Worker {
                 .into_iter()
                 .map(|(name, agent)| (name, Arc::new(agent)))
                 .collect(),
-            runners: crate::runner::builtin(Some(api_url)),
+            runners: crate::runner::builtin(Some(api_url), None),
             state: Mutex::default(),
             forgotten: Notify::new(),
             tasks: TaskTracker::new(),

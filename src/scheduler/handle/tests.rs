@@ -228,7 +228,7 @@ async fn a_runner_panic_fails_the_agent_and_releases_its_slots() {
 async fn the_run_deadline_fails_the_agent_with_deadline_exceeded() {
     let s = Scheduler::new(
         &crate::config::ConfigSource::from_toml_str("").unwrap(),
-        crate::runner::builtin(None),
+        crate::runner::builtin(None, None),
     );
     let agent = s
         .spawn(SpawnSpec {
@@ -259,7 +259,7 @@ async fn the_run_deadline_fails_the_agent_with_deadline_exceeded() {
 fn paused_scheduler(toml: &str) -> Scheduler {
     Scheduler::new(
         &crate::config::ConfigSource::from_toml_str(toml).unwrap(),
-        crate::runner::builtin(None),
+        crate::runner::builtin(None, None),
     )
 }
 
