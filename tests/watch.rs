@@ -114,6 +114,8 @@ fn status_after(k: Kind) -> Option<pb::AgentStatus> {
         Kind::Failed => pb::AgentStatus::Failed,
         Kind::Cancelled => pb::AgentStatus::Cancelled,
         Kind::Snapshot | Kind::Unspecified | Kind::Output | Kind::ToolCall => return None,
+        // After the terminal event: the agent stays as it ended.
+        Kind::WorkspaceSaved => return None,
         Kind::Retrying => pb::AgentStatus::Queued,
     })
 }

@@ -237,6 +237,25 @@ async fn a_run_works_in_its_own_worktree_and_its_changes_stay_on_its_branch() {
         git(&repo.repo(), &["diff", "--name-status", "main", &branch]),
         "M\tf0.txt\nD\tf1.txt\nA\tnew.txt"
     );
+    // The agent says so, in the Spawn's answer and in Status.
+    let workspace = agent.workspace.clone().expect("a saved workspace");
+    assert_eq!(
+        workspace,
+        pb::Workspace {
+            branch: branch.clone(),
+            kept: true,
+            base_commit: git(&repo.repo(), &["rev-parse", "main"]),
+            head_commit: git(&repo.repo(), &["rev-parse", &branch]),
+            files_changed: 3,
+            // f0.txt: two lines for one; f1.txt: one line gone; new.txt.
+            insertions: 3,
+            deletions: 2,
+        }
+    );
+    assert_eq!(
+        status_of(&mut s.client, &agent.id).await.workspace,
+        Some(workspace)
+    );
     // The repository's own checkout was never touched.
     assert_eq!(
         std::fs::read_to_string(repo.repo().join("f0.txt")).unwrap(),
@@ -252,6 +271,9 @@ async fn a_run_that_changes_nothing_leaves_no_branch_and_keep_always_keeps_it() 
     let mut s = repo.server(&script, "").await;
     let agent = spawn(&mut s.client, coder("go", false)).await;
     assert_eq!(status(&agent), pb::AgentStatus::Done);
+    let workspace = agent.workspace.expect("a saved workspace");
+    assert!(!workspace.kept);
+    assert_eq!(workspace.head_commit, workspace.base_commit);
     assert_eq!(repo.branches(), ["main"]);
     assert!(repo.worktrees().is_empty());
     s.handle.shutdown().await.unwrap();
@@ -299,10 +321,27 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
     .await;
     wait_for(&mut events, |ev| ev.output.contains("started")).await;
     cancel(&mut s.client, &agent.id).await;
-    wait_for_event(&mut events, &agent.id, Kind::Cancelled).await;
-    // Shutdown waits for the worktrees of stopped runs to be saved.
-    s.handle.shutdown().await.unwrap();
+    // The agent ends at once, without its workspace; the workspace follows
+    // once the process group is gone and the work is committed.
+    let cancelled = wait_for_event(&mut events, &agent.id, Kind::Cancelled).await;
+    assert_eq!(cancelled.agent.unwrap().workspace, None);
+    let saved = wait_for_event(&mut events, &agent.id, Kind::WorkspaceSaved).await;
+    let saved = saved.agent.unwrap();
+    assert_eq!(status(&saved), pb::AgentStatus::Cancelled);
+    let workspace = saved.workspace.expect("the event carries the workspace");
     let branch = format!("subagentd/{}", agent.id);
+    assert_eq!(
+        (
+            workspace.branch.as_str(),
+            workspace.kept,
+            workspace.files_changed
+        ),
+        (branch.as_str(), true, 1)
+    );
+    assert_eq!(
+        status_of(&mut s.client, &agent.id).await.workspace,
+        Some(workspace)
+    );
     assert_eq!(
         git(&repo.repo(), &["show", &format!("{branch}:wip.txt")]),
         "draft"

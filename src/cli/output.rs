@@ -88,6 +88,20 @@ pub(crate) fn agent_json(agent: &pb::Agent) -> Value {
     obj.insert("conversationId".into(), json!(agent.conversation_id));
     obj.insert("continuesId".into(), json!(agent.continues_id));
     obj.insert("turn".into(), json!(agent.turn));
+    if let Some(w) = &agent.workspace {
+        obj.insert(
+            "workspace".into(),
+            json!({
+                "branch": w.branch,
+                "kept": w.kept,
+                "baseCommit": w.base_commit,
+                "headCommit": w.head_commit,
+                "filesChanged": w.files_changed,
+                "insertions": w.insertions,
+                "deletions": w.deletions,
+            }),
+        );
+    }
     let attempts: Vec<Value> = agent
         .attempts
         .iter()
@@ -230,6 +244,7 @@ pub(crate) fn event_human(event: &pb::WatchAgentsResponse) -> String {
             pb::AgentEventKind::Cancelled => "cancelled".to_owned(),
             pb::AgentEventKind::Retrying => "retrying".to_owned(),
             pb::AgentEventKind::Output => "output".to_owned(),
+            pb::AgentEventKind::WorkspaceSaved => "workspace-saved".to_owned(),
             pb::AgentEventKind::ToolCall => "tool-call".to_owned(),
         })
         .unwrap_or_else(|_| format!("kind-{}", event.kind));
@@ -358,6 +373,17 @@ fn push_details(out: &mut String, agent: &pb::Agent, with_result: bool) {
     if !agent.tenant.is_empty() && agent.tenant != crate::scheduler::DEFAULT_TENANT {
         let _ = writeln!(out, "  tenant: {}", agent.tenant);
     }
+    if let Some(w) = &agent.workspace {
+        let _ = writeln!(
+            out,
+            "  workspace: {} ({}), {} files changed, +{} -{}",
+            w.branch,
+            if w.kept { "kept" } else { "deleted" },
+            w.files_changed,
+            w.insertions,
+            w.deletions
+        );
+    }
     if let Some(approval) = &agent.approval {
         let _ = writeln!(
             out,
@@ -472,6 +498,7 @@ mod tests {
     fn sample_agent() -> pb::Agent {
         pb::Agent {
             collected_time: None,
+            workspace: None,
             id: "0b6f2c1e-7d1a-4c8e-9a53-2f3e4d5c6b7a".into(),
             agent: "coder".into(),
             model: "anthropic/claude-sonnet-4".into(),
@@ -638,6 +665,26 @@ mod tests {
             ]
         );
         assert!(!agent_human(&sample_agent(), false).contains("result"));
+    }
+
+    #[test]
+    fn a_saved_workspace_shows_in_both_outputs() {
+        let mut agent = sample_agent();
+        agent.workspace = Some(pb::Workspace {
+            branch: "subagentd/x".into(),
+            kept: true,
+            base_commit: "b".into(),
+            head_commit: "h".into(),
+            files_changed: 2,
+            insertions: 5,
+            deletions: 1,
+        });
+        assert!(agent_human(&agent, false)
+            .contains("  workspace: subagentd/x (kept), 2 files changed, +5 -1\n"));
+        let json = agent_json(&agent);
+        assert_eq!(json["workspace"]["headCommit"], "h");
+        assert_eq!(json["workspace"]["filesChanged"], 2);
+        assert!(agent_json(&sample_agent()).get("workspace").is_none());
     }
 
     #[test]

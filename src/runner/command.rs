@@ -329,6 +329,8 @@ struct WorkspaceCtx {
 /// once the run's process group is gone.
 struct RunWorkspace {
     ctx: WorkspaceCtx,
+    /// Reports the saved workspace, also after the run was dropped.
+    reporter: super::RunReporter,
     worktree: Worktree,
     id: String,
     description: String,
@@ -353,6 +355,7 @@ impl RunWorkspace {
             })?;
         Ok(Self {
             ctx,
+            reporter: run.reporter.clone(),
             worktree,
             id,
             description: run.agent.description.to_string(),
@@ -370,6 +373,7 @@ impl RunWorkspace {
             std::mem::take(&mut self.id),
             std::mem::take(&mut self.description),
             self.pgid,
+            self.reporter.clone(),
         )
         .await
     }
@@ -387,6 +391,7 @@ impl Drop for RunWorkspace {
             std::mem::take(&mut self.id),
             std::mem::take(&mut self.description),
             self.pgid,
+            self.reporter.clone(),
         );
         // Without a runtime the process is exiting: a restart's recovery
         // saves what is left.
@@ -406,6 +411,7 @@ async fn save_when_gone(
     id: String,
     description: String,
     pgid: Option<i32>,
+    reporter: super::RunReporter,
 ) -> Option<Saved> {
     if let Some(pgid) = pgid {
         while !group_gone(pgid) {
@@ -424,6 +430,17 @@ async fn save_when_gone(
                 deletions = saved.deletions,
                 "workspace saved"
             );
+            reporter
+                .workspace(crate::scheduler::Workspace {
+                    branch: saved.branch.clone(),
+                    kept: saved.kept,
+                    base_commit: saved.base_commit.clone(),
+                    head_commit: saved.head_commit.clone(),
+                    files_changed: saved.files_changed,
+                    insertions: saved.insertions,
+                    deletions: saved.deletions,
+                })
+                .await;
             Some(saved)
         }
         Err(e) => {

@@ -64,8 +64,11 @@ impl Spec {
         if cfg.workspace != WorkspaceKind::Worktree {
             return None;
         }
+        // Absolute: git runs in the repository (`-C`), where a relative
+        // root would mean another folder than the program's.
+        let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
         Some(Spec {
-            repo: cfg.repo.clone()?,
+            repo: absolute(cfg.repo.clone()?),
             base: cfg.base.clone().unwrap_or_else(|| "HEAD".to_owned()),
             branch_prefix: cfg
                 .branch_prefix
@@ -76,10 +79,11 @@ impl Spec {
                 KeepBranch::Always => Keep::Always,
                 KeepBranch::Never => Keep::Never,
             },
-            root: cfg
-                .root
-                .clone()
-                .or_else(|| default_root.map(Path::to_path_buf))?,
+            root: absolute(
+                cfg.root
+                    .clone()
+                    .or_else(|| default_root.map(Path::to_path_buf))?,
+            ),
             commit_author: cfg
                 .commit_author
                 .clone()
@@ -203,8 +207,42 @@ impl Workspaces {
         tokio::fs::create_dir_all(&spec.root)
             .await
             .map_err(|e| io_error("mkdir", &spec.root, e))?;
+        // A worktree left by an earlier attempt of this agent (a crash, a
+        // retried run): its work goes to its branch first.
+        if path.exists() {
+            commit_all(spec, &path, id, "").await?;
+            remove_worktree(&spec.repo, &path).await?;
+        }
         let path_arg = path.as_os_str();
+        let own_branch = format!("{}{id}", spec.branch_prefix);
+        let retried = matches!(start, Start::Ref(_))
+            && git_succeeds(
+                &spec.repo,
+                [
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    &format!("refs/heads/{own_branch}"),
+                ],
+            )
+            .await?;
         let (branch, base_commit) = match start {
+            // A retried run goes on with what the earlier attempt left.
+            Start::Ref(_) if retried => {
+                let head = git(
+                    &spec.repo,
+                    ["rev-parse", &format!("refs/heads/{own_branch}")],
+                )
+                .await?;
+                let args: [&OsStr; 4] = [
+                    "worktree".as_ref(),
+                    "add".as_ref(),
+                    path_arg,
+                    own_branch.as_ref(),
+                ];
+                git(&spec.repo, args).await?;
+                (own_branch, head)
+            }
             Start::Ref(reference) => {
                 let commit = self.resolve(&spec.repo, reference).await?;
                 let branch = format!("{}{id}", spec.branch_prefix);
@@ -263,34 +301,7 @@ impl Workspaces {
         let lock = self.lock_of(&spec.repo);
         let _serial = lock.lock().await;
         let wt = worktree.path.as_path();
-        git(wt, ["add", "--all"]).await?;
-        if !git_succeeds(wt, ["diff", "--cached", "--quiet"]).await? {
-            let message = spec
-                .commit_message
-                .replace("{id}", id)
-                .replace("{description}", description);
-            let (name, email) = author_parts(&spec.commit_author);
-            let name_cfg = format!("user.name={name}");
-            let email_cfg = format!("user.email={email}");
-            // Hooks are the repository's checks for people; a run's work is
-            // kept whatever they would say.
-            git(
-                wt,
-                [
-                    "-c",
-                    &name_cfg,
-                    "-c",
-                    &email_cfg,
-                    "commit",
-                    "--quiet",
-                    "--no-verify",
-                    "--no-gpg-sign",
-                    "-m",
-                    &message,
-                ],
-            )
-            .await?;
-        }
+        commit_all(spec, wt, id, description).await?;
         let head_commit = git(wt, ["rev-parse", "HEAD"]).await?;
         let (files_changed, insertions, deletions) = diff_stats(
             &git(
@@ -361,6 +372,46 @@ impl Workspaces {
         }
         Ok(found)
     }
+}
+
+/// Commits everything uncommitted in worktree `wt` (modified, deleted and
+/// untracked files; not ignored ones) as `spec.commit_author`.
+async fn commit_all(
+    spec: &Spec,
+    wt: &Path,
+    id: &str,
+    description: &str,
+) -> Result<(), WorkspaceError> {
+    git(wt, ["add", "--all"]).await?;
+    if git_succeeds(wt, ["diff", "--cached", "--quiet"]).await? {
+        return Ok(());
+    }
+    let message = spec
+        .commit_message
+        .replace("{id}", id)
+        .replace("{description}", description);
+    let (name, email) = author_parts(&spec.commit_author);
+    let name_cfg = format!("user.name={name}");
+    let email_cfg = format!("user.email={email}");
+    // Hooks are the repository's checks for people; a run's work is kept
+    // whatever they would say.
+    git(
+        wt,
+        [
+            "-c",
+            &name_cfg,
+            "-c",
+            &email_cfg,
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "--no-gpg-sign",
+            "-m",
+            &message,
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Removes a worktree (with whatever git ignores in it) and prunes git's
@@ -479,14 +530,16 @@ where
     S: AsRef<OsStr>,
 {
     let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let status = git_command(dir, &args)
-        .status()
+    // Its output is read (and dropped), not left to a closed pipe: a
+    // command that prints would fail writing to it.
+    let output = git_command(dir, &args)
+        .output()
         .await
         .map_err(|e| WorkspaceError::Git {
             command: describe(&args),
             stderr: e.to_string(),
         })?;
-    Ok(status.success())
+    Ok(output.status.success())
 }
 
 fn git_command(dir: &Path, args: &[std::ffi::OsString]) -> Command {
@@ -605,7 +658,12 @@ mod tests {
         let listed = git(repo.path(), ["worktree", "list", "--porcelain"])
             .await
             .unwrap();
-        assert!(!listed.contains("a1"), "{listed}");
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.starts_with("worktree ") && l.ends_with("/a1")),
+            "{listed}"
+        );
     }
 
     #[tokio::test]
@@ -710,6 +768,34 @@ mod tests {
             assert!(saved.kept);
             assert_eq!(saved.files_changed, 1);
         }
+        assert!(ws.list(&spec).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_retried_run_goes_on_from_what_its_earlier_attempt_left() {
+        let repo = repo(1);
+        let root = tempfile::tempdir().unwrap();
+        let spec = spec(repo.path(), root.path(), Keep::Changes);
+        let ws = Workspaces::new();
+        // The first attempt writes and is never saved (the server died).
+        let first = ws
+            .create(&spec, "r1", &Start::Ref("HEAD".into()))
+            .await
+            .unwrap();
+        std::fs::write(first.path.join("attempt1.txt"), "1\n").unwrap();
+        let again = ws
+            .create(&spec, "r1", &Start::Ref("HEAD".into()))
+            .await
+            .unwrap();
+        assert_eq!(again.branch, "subagentd/r1");
+        assert!(again.path.join("attempt1.txt").exists());
+        assert_ne!(
+            again.base_commit, first.base_commit,
+            "it starts after the rescued work"
+        );
+        let saved = ws.save(&spec, &again, "r1", "").await.unwrap();
+        // From the second attempt's start: nothing more changed.
+        assert_eq!(saved.files_changed, 0);
         assert!(ws.list(&spec).await.unwrap().is_empty());
     }
 

@@ -72,6 +72,8 @@ pub enum EventKind {
     Output,
     /// Progress: a tool call (see [`Event::progress`]).
     ToolCall,
+    /// A stopped run's workspace was saved after its terminal event.
+    WorkspaceSaved,
 }
 
 /// What a progress event reports.
@@ -629,6 +631,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             collected_at: None,
+            workspace: None,
             result: "".into(),
             error: None,
             approval: None,

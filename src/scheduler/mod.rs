@@ -42,7 +42,7 @@ pub use self::run::{crashed, RemoteReports, RunReporter, CODE_RUNNER_CRASHED};
 pub use self::types::{
     AgentError, AgentFilter, AgentId, AgentStatus, AgentView, Approval, ApprovalOutcome, Attempt,
     Attempts, Continuation, InboxOf, InboxRead, Labels, ModelRef, ParentKey, RunCredential,
-    RunCredentials, Scope, SpawnSpec, TurnVerdict, Usage, WatchQuery, CODE_CANCELLED,
+    RunCredentials, Scope, SpawnSpec, TurnVerdict, Usage, WatchQuery, Workspace, CODE_CANCELLED,
     CODE_CIRCUIT_BREAKER, CODE_DEADLINE_EXCEEDED, CODE_RUN_FAILED, CODE_SERVER_RESTARTED,
     CODE_STALE, CODE_TURN_LIMIT, CODE_WORKER_LOST, DEFAULT_TENANT, MAX_INBOX_AGENTS,
 };

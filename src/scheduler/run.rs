@@ -14,7 +14,7 @@ use super::{
     conversation::History,
     error::Error,
     inbox::SteerInbox,
-    types::{AgentError, AgentId, AgentView, ApprovalOutcome, TurnVerdict, Usage},
+    types::{AgentError, AgentId, AgentView, ApprovalOutcome, TurnVerdict, Usage, Workspace},
 };
 use crate::config::AgentTypeConfig;
 
@@ -108,6 +108,7 @@ pub(crate) trait CoreReports: Send + Sync + 'static {
     fn mark_retryable(&self, id: AgentId);
     fn set_session(&self, id: AgentId, session: &str);
     fn add_usage(&self, id: AgentId, usage: Usage);
+    fn set_workspace(&self, id: AgentId, workspace: Workspace) -> BoxFuture<'_, ()>;
     fn request_approval<'a>(
         &'a self,
         id: AgentId,
@@ -190,6 +191,18 @@ impl RunReporter {
             return Ok(());
         };
         core.record_process_group(self.id, group).await
+    }
+
+    /// The run's workspace was saved (committed, its worktree removed):
+    /// shown as the agent's `workspace`, durably. A run that ends by itself
+    /// reports it before it returns, so its terminal event carries it; a
+    /// stopped run's reporter (kept by whoever saves the worktree) reports
+    /// it after the agent ended, which announces it with a WORKSPACE_SAVED
+    /// event. Resolves once durable. A worker process reports nothing yet.
+    pub async fn workspace(&self, workspace: Workspace) {
+        if let ReportSink::Core(core) = &self.sink {
+            core.set_workspace(self.id, workspace).await;
+        }
     }
 
     /// Says the run is still working although it reports nothing (output

@@ -63,6 +63,20 @@ pub enum ParentKey {
     Agent(AgentId),
 }
 
+/// What a run left in its workspace (a git worktree): its branch and the
+/// changes from the commit it started at to the branch's head.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workspace {
+    pub branch: String,
+    /// Whether the branch still exists.
+    pub kept: bool,
+    pub base_commit: String,
+    pub head_commit: String,
+    pub files_changed: u32,
+    pub insertions: u32,
+    pub deletions: u32,
+}
+
 /// Why a run failed or was cancelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentError {
@@ -189,6 +203,9 @@ pub struct AgentView {
     /// Set while awaiting approval (boxed: rare, and it keeps retained
     /// records in their allocation size class).
     pub approval: Option<Arc<Approval>>,
+    /// What the run left in its workspace, once saved (types with a
+    /// workspace only; shared, like `approval`, to keep records small).
+    pub workspace: Option<Arc<Workspace>>,
     /// Resources used.
     pub usage: Usage,
     /// Resources used by the agent and all its descendants.

@@ -24,7 +24,7 @@ use crate::{
         events::{Event, EventKind},
         trace::TraceId,
         AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Attempt, Attempts,
-        Continuation, Usage,
+        Continuation, Usage, Workspace,
     },
 };
 
@@ -103,6 +103,28 @@ pub(super) struct ViewRow {
     has_attempts: bool,
     #[prost(int64, optional, tag = "32")]
     collected_at: Option<i64>,
+    /// Since schema 7 (no migration: absent before): `AgentView::workspace`.
+    #[prost(message, optional, tag = "33")]
+    workspace: Option<WorkspaceRow>,
+}
+
+/// What a run left in its workspace (`Workspace`).
+#[derive(Clone, PartialEq, Message)]
+struct WorkspaceRow {
+    #[prost(string, tag = "1")]
+    branch: String,
+    #[prost(bool, tag = "2")]
+    kept: bool,
+    #[prost(string, tag = "3")]
+    base_commit: String,
+    #[prost(string, tag = "4")]
+    head_commit: String,
+    #[prost(uint32, tag = "5")]
+    files_changed: u32,
+    #[prost(uint32, tag = "6")]
+    insertions: u32,
+    #[prost(uint32, tag = "7")]
+    deletions: u32,
 }
 
 /// An ended attempt (`Attempt`).
@@ -489,6 +511,15 @@ fn view_row(v: &AgentView) -> ViewRow {
         started_at: v.started_at.map(nanos),
         finished_at: v.finished_at.map(nanos),
         collected_at: v.collected_at.map(nanos),
+        workspace: v.workspace.as_deref().map(|w| WorkspaceRow {
+            branch: w.branch.clone(),
+            kept: w.kept,
+            base_commit: w.base_commit.clone(),
+            head_commit: w.head_commit.clone(),
+            files_changed: w.files_changed,
+            insertions: w.insertions,
+            deletions: w.deletions,
+        }),
         result: v.result.to_string(),
         error: v.error.as_ref().map(error_row),
         approval: v.approval.as_ref().map(|a| ApprovalRow {
@@ -597,6 +628,17 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         started_at: r.started_at.map(time_of),
         finished_at: r.finished_at.map(time_of),
         collected_at: r.collected_at.map(time_of),
+        workspace: r.workspace.map(|w| {
+            Arc::new(Workspace {
+                branch: w.branch,
+                kept: w.kept,
+                base_commit: w.base_commit,
+                head_commit: w.head_commit,
+                files_changed: w.files_changed,
+                insertions: w.insertions,
+                deletions: w.deletions,
+            })
+        }),
         result: r.result.into(),
         error: r.error.map(error_of),
         approval: r
@@ -735,6 +777,7 @@ fn event_code(k: EventKind) -> u32 {
         EventKind::Retrying => 9,
         EventKind::Output => 10,
         EventKind::ToolCall => 11,
+        EventKind::WorkspaceSaved => 12,
     }
 }
 
@@ -751,6 +794,7 @@ fn event_kind_of(code: u32) -> Result<EventKind, StoreError> {
         9 => EventKind::Retrying,
         10 => EventKind::Output,
         11 => EventKind::ToolCall,
+        12 => EventKind::WorkspaceSaved,
         other => return Err(corrupt("event kind", format!("unknown code {other}"))),
     })
 }
@@ -780,6 +824,15 @@ pub(crate) mod tests {
                 started_at: Some(t + Duration::from_millis(5)),
                 finished_at: Some(t + Duration::from_secs(9)),
                 collected_at: Some(t + Duration::from_secs(10)),
+                workspace: Some(Arc::new(Workspace {
+                    branch: "subagentd/x".into(),
+                    kept: true,
+                    base_commit: "a".repeat(40),
+                    head_commit: "b".repeat(40),
+                    files_changed: 3,
+                    insertions: 10,
+                    deletions: 2,
+                })),
                 result: "partial".into(),
                 error: Some(AgentError::new("RUN_FAILED", "boom")),
                 approval: Some(Arc::new(Approval {

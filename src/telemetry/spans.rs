@@ -304,6 +304,7 @@ mod tests {
             started_at: Some(now + Duration::from_millis(1500)),
             finished_at: Some(now + Duration::from_secs(3)),
             collected_at: None,
+            workspace: None,
             result: "".into(),
             error: (status == AgentStatus::Failed).then(|| AgentError::new("EXIT_2", "bad")),
             approval: None,

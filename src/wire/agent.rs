@@ -9,6 +9,7 @@ use super::check::truncate;
 use crate::pb;
 use crate::scheduler::{
     AgentError, AgentStatus, AgentView, Attempt, Attempts, Continuation, SteerDelivery, Usage,
+    Workspace,
 };
 
 pub(super) fn status_from_pb(s: pb::AgentStatus) -> AgentStatus {
@@ -38,6 +39,18 @@ pub(super) fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from(t)
 }
 
+fn workspace_to_pb(w: &Workspace) -> pb::Workspace {
+    pb::Workspace {
+        branch: w.branch.clone(),
+        kept: w.kept,
+        base_commit: w.base_commit.clone(),
+        head_commit: w.head_commit.clone(),
+        files_changed: w.files_changed,
+        insertions: w.insertions,
+        deletions: w.deletions,
+    }
+}
+
 /// An agent as the API shows it; `now` fixes `elapsed_ms` for running agents.
 pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
     pb::Agent {
@@ -55,6 +68,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         started_at: a.started_at.map(timestamp),
         finished_at: a.finished_at.map(timestamp),
         collected_time: a.collected_at.map(timestamp),
+        workspace: a.workspace.as_deref().map(workspace_to_pb),
         elapsed_ms: u64::try_from(a.elapsed(now).as_millis()).unwrap_or(u64::MAX),
         result: a.result.to_string(),
         error: a.error.as_ref().map(error_to_pb),
@@ -159,6 +173,17 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
         started_at: time(&a.started_at),
         finished_at: time(&a.finished_at),
         collected_at: time(&a.collected_time),
+        workspace: a.workspace.as_ref().map(|w| {
+            Arc::new(Workspace {
+                branch: w.branch.clone(),
+                kept: w.kept,
+                base_commit: w.base_commit.clone(),
+                head_commit: w.head_commit.clone(),
+                files_changed: w.files_changed,
+                insertions: w.insertions,
+                deletions: w.deletions,
+            })
+        }),
         result: a.result.as_str().into(),
         error: a
             .error

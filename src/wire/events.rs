@@ -18,6 +18,7 @@ pub fn event_to_pb(e: &Event) -> pb::WatchAgentsResponse {
         EventKind::Retrying => pb::AgentEventKind::Retrying,
         EventKind::Output => pb::AgentEventKind::Output,
         EventKind::ToolCall => pb::AgentEventKind::ToolCall,
+        EventKind::WorkspaceSaved => pb::AgentEventKind::WorkspaceSaved,
     };
     let (output, tool_call) = match &e.progress {
         None => (String::new(), None),

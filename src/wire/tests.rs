@@ -39,6 +39,7 @@ fn an_agent_survives_the_round_trip_a_worker_assignment_takes() {
         started_at: Some(created + Duration::from_millis(5)),
         finished_at: None,
         collected_at: None,
+        workspace: None,
         result: "partial".into(),
         error: Some(AgentError::new("STALE", "no progress")),
         approval: None,

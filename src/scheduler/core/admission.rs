@@ -155,11 +155,7 @@ impl Core {
     fn placement(&self, tenant: &Arc<str>, spec: &SpawnSpec) -> Result<Placement, Error> {
         let Some(pid) = spec.parent_id else {
             let lead: Option<Arc<str>> = spec.lead_id.as_deref().map(Into::into);
-            let parent_key = lead.clone().map_or(ParentKey::None, |lead| {
-                ParentKey::Lead(tenant.clone(), lead)
-            });
             return Ok(Placement {
-                parent_key,
                 root_id: None,
                 lead_id: lead,
                 depth: 1,
@@ -183,7 +179,6 @@ impl Core {
             });
         }
         Ok(Placement {
-            parent_key: ParentKey::Agent(p.view.id),
             root_id: Some(p.view.root_id),
             lead_id: p.view.lead_id.clone(),
             depth: p.view.depth + 1,
@@ -249,6 +244,7 @@ impl Core {
             started_at: None,
             finished_at: None,
             collected_at: None,
+            workspace: None,
             result: self.empty.clone(),
             error: None,
             approval: None,
@@ -269,7 +265,6 @@ impl Core {
         Record {
             view,
             seq,
-            parent_key: place.parent_key,
             runner,
             prompt: Some(prompt),
             timeout_ms: Record::timeout_ms(spec.timeout.unwrap_or(self.runs.default_timeout)),
@@ -328,10 +323,8 @@ impl Core {
             }
         }
         if let Some(k) = record.idempotency_key().cloned() {
-            self.idempotency.insert(
-                (record.view.tenant.clone(), record.parent_key.clone(), k),
-                id,
-            );
+            self.idempotency
+                .insert((record.view.tenant.clone(), record.parent_key(), k), id);
         }
         if let Some(lead) = &record.view.lead_id {
             self.lead_live
@@ -584,11 +577,7 @@ impl Core {
     /// Takes the slots in `held` for a record (used when it first enters).
     pub(super) fn acquire(&mut self, id: AgentId, held: Held) {
         let rec = &self.agents[&id];
-        let (bucket, parent, root) = (
-            rec.view.bucket.clone(),
-            rec.parent_key.clone(),
-            rec.view.root_id,
-        );
+        let (bucket, parent, root) = (rec.view.bucket.clone(), rec.parent_key(), rec.view.root_id);
         if held.global {
             self.live_background += 1;
             *self.tenant_live.entry(rec.view.tenant.clone()).or_default() += 1;
@@ -607,11 +596,7 @@ impl Core {
     /// Gives back the slots in `held`, marking freed limits dirty.
     pub(super) fn release(&mut self, id: AgentId, held: Held, dirty: &mut Dirty) {
         let rec = &self.agents[&id];
-        let (bucket, parent, root) = (
-            rec.view.bucket.clone(),
-            rec.parent_key.clone(),
-            rec.view.root_id,
-        );
+        let (bucket, parent, root) = (rec.view.bucket.clone(), rec.parent_key(), rec.view.root_id);
         fn dec<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, k: &K) {
             if let Some(n) = map.get_mut(k) {
                 *n -= 1;
@@ -820,7 +805,6 @@ struct Continued {
 
 /// Where an admitted agent sits in its tree.
 struct Placement {
-    parent_key: ParentKey,
     /// None for a root (its own id).
     root_id: Option<AgentId>,
     lead_id: Option<Arc<str>>,

@@ -45,7 +45,7 @@ impl Core {
             }
             if held.parent {
                 *c.parents
-                    .entry(format!("{:?}", rec.parent_key))
+                    .entry(format!("{:?}", rec.parent_key()))
                     .or_default() += 1;
             }
             if held.tree {

@@ -271,7 +271,7 @@ impl Core {
         if rec.view.status != AgentStatus::AwaitingApproval {
             return false;
         }
-        let (bucket, parent) = (rec.view.bucket.clone(), rec.parent_key.clone());
+        let (bucket, parent) = (rec.view.bucket.clone(), rec.parent_key());
         let mut dirty = Dirty::default();
         if !rec.view.background || (self.bucket_has_room(&bucket) && self.parent_has_room(&parent))
         {

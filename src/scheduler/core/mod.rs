@@ -196,7 +196,6 @@ struct Record {
     view: AgentView,
     /// Admission sequence: FIFO order and creation order.
     seq: u64,
-    parent_key: ParentKey,
     runner: RunnerKind,
     /// Until the agent ends (a retried run is assigned it again).
     prompt: Option<Arc<str>>,
@@ -311,10 +310,21 @@ impl Record {
             .then(|| (self.view.tenant.clone(), self.view.agent.clone()))
     }
 
+    /// The parent whose per-parent limit this agent counts against: its
+    /// parent agent, else its lead (tenant and lead id), else none. Derived
+    /// from the view rather than kept: a record must stay in its size class.
+    fn parent_key(&self) -> ParentKey {
+        match (self.view.parent_id, &self.view.lead_id) {
+            (Some(p), _) => ParentKey::Agent(p),
+            (None, Some(lead)) => ParentKey::Lead(self.view.tenant.clone(), lead.clone()),
+            (None, None) => ParentKey::None,
+        }
+    }
+
     fn sub_key(&self) -> SubKey {
         SubKey {
             bucket: self.view.bucket.clone(),
-            parent: self.parent_key.clone(),
+            parent: self.parent_key(),
             worker_type: self.needs_worker(),
             foreground: !self.view.background,
         }
@@ -677,7 +687,7 @@ impl Core {
     /// worker type without a worker.
     fn can_start(&self, rec: &Record) -> bool {
         let limits = !rec.view.background
-            || (self.bucket_has_room(&rec.view.bucket) && self.parent_has_room(&rec.parent_key));
+            || (self.bucket_has_room(&rec.view.bucket) && self.parent_has_room(&rec.parent_key()));
         limits && rec.needs_worker().is_none_or(|t| self.workers.has_room(&t))
     }
 

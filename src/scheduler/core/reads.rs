@@ -58,11 +58,11 @@ impl Core {
         let limit = self.limits.max_concurrent_per_parent;
         let running = self
             .parent_running
-            .get(&rec.parent_key)
+            .get(&rec.parent_key())
             .copied()
             .unwrap_or(0);
         // A root without a lead has no per-parent limit.
-        if rec.parent_key != ParentKey::None && limit != 0 && running >= limit {
+        if rec.parent_key() != ParentKey::None && limit != 0 && running >= limit {
             return format!("parent limit {running}/{limit}");
         }
         self.worker_reason(rec)

@@ -310,7 +310,6 @@ impl Core {
         let record = Record {
             view,
             seq,
-            parent_key,
             runner,
             prompt,
             timeout_ms: Record::timeout_ms(timeout),

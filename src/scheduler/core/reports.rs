@@ -4,7 +4,10 @@
 use std::{sync::Arc, time::Duration};
 
 use super::Core;
-use crate::scheduler::{events::Progress, types::*};
+use crate::scheduler::{
+    events::{EventKind, Progress},
+    types::*,
+};
 
 impl Core {
     /// Appends a chunk of output to the agent's result while it runs, and
@@ -245,6 +248,21 @@ impl Core {
     pub fn mark_retryable(&mut self, id: AgentId) {
         if let Some(run) = self.agents.get_mut(&id).and_then(|r| r.run.as_mut()) {
             run.retryable = true;
+        }
+    }
+
+    /// A run's workspace was saved: the agent shows it from now on. Saved
+    /// after the agent ended (a stopped run), it is announced with a
+    /// WORKSPACE_SAVED event.
+    pub fn set_workspace(&mut self, id: AgentId, workspace: Workspace) {
+        let Some(rec) = self.agents.get_mut(&id) else {
+            return;
+        };
+        rec.view.workspace = Some(Arc::new(workspace));
+        let ended = rec.view.status.is_terminal();
+        self.changed(id);
+        if ended {
+            self.publish(id, EventKind::WorkspaceSaved);
         }
     }
 

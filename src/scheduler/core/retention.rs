@@ -82,7 +82,7 @@ impl Core {
                 if let Some(k) = rec.idempotency_key() {
                     self.idempotency.remove(&(
                         rec.view.tenant.clone(),
-                        rec.parent_key.clone(),
+                        rec.parent_key(),
                         k.clone(),
                     ));
                 }

@@ -12,7 +12,7 @@ use crate::scheduler::{
     durable::ProcessGroup,
     error::Error,
     run::CoreReports,
-    types::{AgentId, ApprovalOutcome, TurnVerdict, Usage},
+    types::{AgentId, ApprovalOutcome, TurnVerdict, Usage, Workspace},
 };
 
 impl CoreReports for Scheduler {
@@ -55,6 +55,18 @@ impl CoreReports for Scheduler {
 
     fn add_usage(&self, id: AgentId, usage: Usage) {
         self.inspect_mut(|c| c.add_usage(id, usage));
+    }
+
+    fn set_workspace(&self, id: AgentId, workspace: Workspace) -> BoxFuture<'_, ()> {
+        let ticket = self.inspect_mut(|c| {
+            c.set_workspace(id, workspace);
+            c.ticket()
+        });
+        // A store failure is the store's to report (the server exits);
+        // the workspace itself is saved in git either way.
+        Box::pin(async move {
+            let _ = self.durable(ticket).await;
+        })
     }
 
     fn request_approval<'a>(
