@@ -68,6 +68,7 @@ from .types import (
     TranscriptEntry,
     TranscriptEntryKind,
     Usage,
+    Workspace,
 )
 from .worker import ApprovalOutcome, Cancelled, Run, RunFailed, Worker
 
@@ -125,6 +126,7 @@ __all__ = [
     "Unavailable",
     "UnknownAgentType",
     "Usage",
+    "Workspace",
     "WatchLagged",
     "WatchLimitReached",
     "Watch",

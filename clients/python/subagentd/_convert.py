@@ -32,6 +32,7 @@ from .types import (
     TranscriptEntry,
     TranscriptEntryKind,
     Usage,
+    Workspace,
 )
 
 #: A span of time a caller passes: seconds, or a timedelta.
@@ -130,6 +131,19 @@ def agent(message: pb.Agent) -> Agent:
         turn=message.turn,
         attempts=tuple(attempt(a) for a in message.attempts),
         collected_time=_time(message, "collected_time"),
+        workspace=(
+            Workspace(
+                branch=message.workspace.branch,
+                kept=message.workspace.kept,
+                base_commit=message.workspace.base_commit,
+                head_commit=message.workspace.head_commit,
+                files_changed=message.workspace.files_changed,
+                insertions=message.workspace.insertions,
+                deletions=message.workspace.deletions,
+            )
+            if message.HasField("workspace")
+            else None
+        ),
         proto=message,
     )
 

@@ -41,6 +41,7 @@ __all__ = [
     "TranscriptEntry",
     "TranscriptEntryKind",
     "Usage",
+    "Workspace",
 ]
 
 
@@ -76,6 +77,7 @@ class EventKind(enum.IntEnum):
     RETRYING = 9
     OUTPUT = 10
     TOOL_CALL = 11
+    WORKSPACE_SAVED = 12
 
 
 class AwaitMode(enum.IntEnum):
@@ -159,6 +161,21 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Workspace:
+    """A run's branch and what it changed, from the commit its worktree
+    started at to the branch's head (`subagents.v1.Workspace`)."""
+
+    branch: str
+    #: Whether the branch still exists (`[agents.NAME] keep`).
+    kept: bool
+    base_commit: str
+    head_commit: str
+    files_changed: int
+    insertions: int
+    deletions: int
+
+
+@dataclass(frozen=True)
 class Agent:
     """An agent as the server showed it (`subagents.v1.Agent`).
 
@@ -197,6 +214,9 @@ class Agent:
     turn: int
     attempts: Tuple[Attempt, ...]
     collected_time: Optional[datetime]
+    #: What its run left in its workspace (types with `workspace =
+    #: "worktree"`), once saved; None until then and for other types.
+    workspace: Optional["Workspace"]
     proto: "subagents_pb2.Agent" = field(repr=False, compare=False)
 
 

@@ -76,6 +76,7 @@ export const EVENT_KIND = new EnumMap<pb.AgentEventKind, AgentEventKind>("AgentE
   [pb.AgentEventKind.RETRYING, "retrying"],
   [pb.AgentEventKind.OUTPUT, "output"],
   [pb.AgentEventKind.TOOL_CALL, "tool_call"],
+  [pb.AgentEventKind.WORKSPACE_SAVED, "workspace_saved"],
 ]);
 
 export const TRANSCRIPT_KIND = new EnumMap<pb.TranscriptEntryKind, TranscriptEntryKind>("TranscriptEntryKind", [
@@ -189,6 +190,15 @@ export function agentFromPb(a: pb.Agent): Agent {
     continuesId: orUndefined(a.continuesId),
     turn: a.turn,
     collectedAt: date(a.collectedTime),
+    workspace: a.workspace && {
+      branch: a.workspace.branch,
+      kept: a.workspace.kept,
+      baseCommit: a.workspace.baseCommit,
+      headCommit: a.workspace.headCommit,
+      filesChanged: a.workspace.filesChanged,
+      insertions: a.workspace.insertions,
+      deletions: a.workspace.deletions,
+    },
     raw: a,
   });
 }

@@ -23,7 +23,8 @@ export type AgentEventKind =
   | "cancelled"
   | "retrying"
   | "output"
-  | "tool_call";
+  | "tool_call"
+  | "workspace_saved";
 
 /** What a transcript entry records. */
 export type TranscriptEntryKind = "prompt" | "steer" | "tool_call" | "result" | "elided";
@@ -117,8 +118,22 @@ export interface Agent {
   readonly turn: number;
   /** When an Await with `collect` returned it; undefined until then. */
   readonly collectedAt: Date | undefined;
+  /** What its run left in its workspace (types with `workspace = "worktree"`), once saved. */
+  readonly workspace: Workspace | undefined;
   /** The message this was converted from. */
   readonly raw: pb.Agent;
+}
+
+/** A run's branch and what it changed, from the commit its worktree started at to the branch's head. */
+export interface Workspace {
+  readonly branch: string;
+  /** Whether the branch still exists (`keep`). */
+  readonly kept: boolean;
+  readonly baseCommit: string;
+  readonly headCommit: string;
+  readonly filesChanged: number;
+  readonly insertions: number;
+  readonly deletions: number;
 }
 
 /** A tool call a run reported. */

@@ -19,7 +19,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file subagents/v1/subagents.proto.
  */
 export const file_subagents_v1_subagents: GenFile = /*@__PURE__*/
-  fileDesc("ChxzdWJhZ2VudHMvdjEvc3ViYWdlbnRzLnByb3RvEgxzdWJhZ2VudHMudjEinAcKBUFnZW50EgoKAmlkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEhMKC2Rlc2NyaXB0aW9uGAQgASgJEhEKCXBhcmVudF9pZBgFIAEoCRIPCgdyb290X2lkGAYgASgJEg8KB2xlYWRfaWQYByABKAkSDQoFZGVwdGgYCCABKA0SKQoGc3RhdHVzGAkgASgOMhkuc3ViYWdlbnRzLnYxLkFnZW50U3RhdHVzEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgplbGFwc2VkX21zGA0gASgEEg4KBnJlc3VsdBgOIAEoCRInCgVlcnJvchgPIAEoCzIYLnN1YmFnZW50cy52MS5BZ2VudEVycm9yEigKCGFwcHJvdmFsGBAgASgLMhYuc3ViYWdlbnRzLnYxLkFwcHJvdmFsEiIKBXVzYWdlGBEgASgLMhMuc3ViYWdlbnRzLnYxLlVzYWdlEi8KBmxhYmVscxgSIAMoCzIfLnN1YmFnZW50cy52MS5BZ2VudC5MYWJlbHNFbnRyeRISCgpiYWNrZ3JvdW5kGBMgASgIEhAKCGRldGFjaGVkGBQgASgIEhQKDHF1ZXVlX3JlYXNvbhgVIAEoCRIOCgZidWNrZXQYFiABKAkSEQoJd29ya2VyX2lkGBcgASgJEg8KB2F0dGVtcHQYGCABKA0SKAoLdG90YWxfdXNhZ2UYGSABKAsyEy5zdWJhZ2VudHMudjEuVXNhZ2USEAoIdHJhY2VfaWQYGiABKAkSDgoGdGVuYW50GBsgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgcIAEoCRIUCgxjb250aW51ZXNfaWQYHSABKAkSDAoEdHVybhgeIAEoDRIsCghhdHRlbXB0cxgfIAMoCzIaLnN1YmFnZW50cy52MS5BZ2VudEF0dGVtcHQSMgoOY29sbGVjdGVkX3RpbWUYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEitQEKDEFnZW50QXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgNEg0KBW1vZGVsGAIgASgJEicKBWVycm9yGAMgASgLMhguc3ViYWdlbnRzLnYxLkFnZW50RXJyb3ISLgoKc3RhcnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIisKCkFnZW50RXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIjkKCEFwcHJvdmFsEgoKAmlkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkiSAoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSEgoKdG9vbF9jYWxscxgDIAEoBCLsAgoMU3Bhd25SZXF1ZXN0Eg0KBWFnZW50GAEgASgJEg0KBW1vZGVsGAIgASgJEg4KBnByb21wdBgDIAEoCRITCgtkZXNjcmlwdGlvbhgEIAEoCRIRCglwYXJlbnRfaWQYBSABKAkSDwoHbGVhZF9pZBgGIAEoCRISCgpiYWNrZ3JvdW5kGAcgASgIEjYKBmxhYmVscxgIIAMoCzImLnN1YmFnZW50cy52MS5TcGF3blJlcXVlc3QuTGFiZWxzRW50cnkSKgoHdGltZW91dBgJIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIXCg9pZGVtcG90ZW5jeV9rZXkYCiABKAkSEAoIZGV0YWNoZWQYCyABKAgSFQoNY29udGludWVfZnJvbRgMIAEoCRIMCgRmb3JrGA0gASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMwoNU3Bhd25SZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLnN1YmFnZW50cy52MS5BZ2VudCLjAQoNU3RhdHVzUmVxdWVzdBILCgNpZHMYASADKAkSEQoJcGFyZW50X2lkGAIgASgJEg8KB3Jvb3RfaWQYAyABKAkSDwoHbGVhZF9pZBgEIAEoCRIrCghzdGF0dXNlcxgFIAMoDjIZLnN1YmFnZW50cy52MS5BZ2VudFN0YXR1cxIRCglwYWdlX3NpemUYBiABKA0SEgoKcGFnZV90b2tlbhgHIAEoCRIOCgZ0ZW5hbnQYCCABKAkSFwoPY29udmVyc2F0aW9uX2lkGAkgASgJEhMKC3VuY29sbGVjdGVkGAogASgIIk4KDlN0YXR1c1Jlc3BvbnNlEiMKBmFnZW50cxgBIAMoCzITLnN1YmFnZW50cy52MS5BZ2VudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiowEKDEF3YWl0UmVxdWVzdBILCgNpZHMYASADKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgRtb2RlGAMgASgOMhcuc3ViYWdlbnRzLnYxLkF3YWl0TW9kZRIPCgdsZWFkX2lkGAQgASgJEhEKCXBhcmVudF9pZBgFIAEoCRIPCgdjb2xsZWN0GAYgASgIIkcKDUF3YWl0UmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuc3ViYWdlbnRzLnYxLkFnZW50EhEKCXRpbWVkX291dBgCIAEoCCI8Cg1DYW5jZWxSZXF1ZXN0EgoKAmlkGAEgASgJEg8KB2xlYWRfaWQYAiABKAkSDgoGcmVhc29uGAMgASgJIjUKDkNhbmNlbFJlc3BvbnNlEiMKBmFnZW50cxgBIAMoCzITLnN1YmFnZW50cy52MS5BZ2VudCIrCgxTdGVlclJlcXVlc3QSCgoCaWQYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJiCg1TdGVlclJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuc3ViYWdlbnRzLnYxLkFnZW50Ei0KCGRlbGl2ZXJ5GAIgASgOMhsuc3ViYWdlbnRzLnYxLlN0ZWVyRGVsaXZlcnkicQoOQXBwcm92ZVJlcXVlc3QSCgoCaWQYASABKAkSEwoLYXBwcm92YWxfaWQYAiABKAkSMAoIZGVjaXNpb24YAyABKA4yHi5zdWJhZ2VudHMudjEuQXBwcm92YWxEZWNpc2lvbhIMCgRub3RlGAQgASgJIjUKD0FwcHJvdmVSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLnN1YmFnZW50cy52MS5BZ2VudCLLAQoSV2F0Y2hBZ2VudHNSZXF1ZXN0EgsKA2lkcxgBIAMoCRIRCglwYXJlbnRfaWQYAiABKAkSDwoHcm9vdF9pZBgDIAEoCRIPCgdsZWFkX2lkGAQgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAUgASgEEhgKEGluY2x1ZGVfc25hcHNob3QYBiABKAgSGAoQaW5jbHVkZV9wcm9ncmVzcxgHIAEoCBIOCgZ0ZW5hbnQYCCABKAkSFwoPY29udmVyc2F0aW9uX2lkGAkgASgJIi4KCFRvb2xDYWxsEgwKBG5hbWUYASABKAkSFAoMaW5wdXRfZGlnZXN0GAIgASgJIrIBChNXYXRjaEFnZW50c1Jlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgEEioKBGtpbmQYAiABKA4yHC5zdWJhZ2VudHMudjEuQWdlbnRFdmVudEtpbmQSIgoFYWdlbnQYAyABKAsyEy5zdWJhZ2VudHMudjEuQWdlbnQSDgoGb3V0cHV0GAQgASgJEikKCXRvb2xfY2FsbBgFIAEoCzIWLnN1YmFnZW50cy52MS5Ub29sQ2FsbCJoChRHZXRUcmFuc2NyaXB0UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkinAIKD1RyYW5zY3JpcHRFbnRyeRIvCgRraW5kGAEgASgOMiEuc3ViYWdlbnRzLnYxLlRyYW5zY3JpcHRFbnRyeUtpbmQSEAoIYWdlbnRfaWQYAiABKAkSDAoEdHVybhgDIAEoDRIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0ZXh0GAUgASgJEikKBnN0YXR1cxgGIAEoDjIZLnN1YmFnZW50cy52MS5BZ2VudFN0YXR1cxInCgVlcnJvchgHIAEoCzIYLnN1YmFnZW50cy52MS5BZ2VudEVycm9yEhYKDmVsaWRlZF9lbnRyaWVzGAggASgEEhQKDGVsaWRlZF9ieXRlcxgJIAEoBCJ5ChVHZXRUcmFuc2NyaXB0UmVzcG9uc2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEi4KB2VudHJpZXMYAiADKAsyHS5zdWJhZ2VudHMudjEuVHJhbnNjcmlwdEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgDIAEoCSIWChRHZXRTZXJ2ZXJJbmZvUmVxdWVzdCKCAQoVR2V0U2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSMAoLYWdlbnRfdHlwZXMYAiADKAsyGy5zdWJhZ2VudHMudjEuQWdlbnRUeXBlSW5mbxImCgNtY3AYAyABKAsyGS5zdWJhZ2VudHMudjEuTWNwU2V0dGluZ3MiaAoLTWNwU2V0dGluZ3MSEQoJYXBwcm92YWxzGAEgASgJEiwKCW1heF9hd2FpdBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfcmVzdWx0X2NoYXJzGAMgASgNIm4KDUFnZW50VHlwZUluZm8SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIOCgZydW5uZXIYAyABKAkSFQoNZGVmYXVsdF9tb2RlbBgEIAEoCRITCgtjb250aW51YWJsZRgFIAEoCCrOAQoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTQUdFTlRfU1RBVFVTX1FVRVVFRBABEhgKFEFHRU5UX1NUQVRVU19SVU5OSU5HEAISIgoeQUdFTlRfU1RBVFVTX0FXQUlUSU5HX0FQUFJPVkFMEAMSFQoRQUdFTlRfU1RBVFVTX0RPTkUQBBIXChNBR0VOVF9TVEFUVVNfRkFJTEVEEAUSGgoWQUdFTlRfU1RBVFVTX0NBTkNFTExFRBAGKk8KCUF3YWl0TW9kZRIaChZBV0FJVF9NT0RFX1VOU1BFQ0lGSUVEEAASEgoOQVdBSVRfTU9ERV9BTEwQARISCg5BV0FJVF9NT0RFX0FOWRACKmoKDVN0ZWVyRGVsaXZlcnkSHgoaU1RFRVJfREVMSVZFUllfVU5TUEVDSUZJRUQQABIcChhTVEVFUl9ERUxJVkVSWV9ERUxJVkVSRUQQARIbChdTVEVFUl9ERUxJVkVSWV9CVUZGRVJFRBACKnAKEEFwcHJvdmFsRGVjaXNpb24SIQodQVBQUk9WQUxfREVDSVNJT05fVU5TUEVDSUZJRUQQABIdChlBUFBST1ZBTF9ERUNJU0lPTl9BUFBST1ZFEAESGgoWQVBQUk9WQUxfREVDSVNJT05fREVOWRACKoYDCg5BZ2VudEV2ZW50S2luZBIgChxBR0VOVF9FVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASHQoZQUdFTlRfRVZFTlRfS0lORF9TTkFQU0hPVBABEhsKF0FHRU5UX0VWRU5UX0tJTkRfUVVFVUVEEAISHAoYQUdFTlRfRVZFTlRfS0lORF9TVEFSVEVEEAMSHAoYQUdFTlRfRVZFTlRfS0lORF9TVEVFUkVEEAQSJgoiQUdFTlRfRVZFTlRfS0lORF9BV0FJVElOR19BUFBST1ZBTBAFEhkKFUFHRU5UX0VWRU5UX0tJTkRfRE9ORRAGEhsKF0FHRU5UX0VWRU5UX0tJTkRfRkFJTEVEEAcSHgoaQUdFTlRfRVZFTlRfS0lORF9DQU5DRUxMRUQQCBIdChlBR0VOVF9FVkVOVF9LSU5EX1JFVFJZSU5HEAkSGwoXQUdFTlRfRVZFTlRfS0lORF9PVVRQVVQQChIeChpBR0VOVF9FVkVOVF9LSU5EX1RPT0xfQ0FMTBALKugBChNUcmFuc2NyaXB0RW50cnlLaW5kEiUKIVRSQU5TQ1JJUFRfRU5UUllfS0lORF9VTlNQRUNJRklFRBAAEiAKHFRSQU5TQ1JJUFRfRU5UUllfS0lORF9QUk9NUFQQARIfChtUUkFOU0NSSVBUX0VOVFJZX0tJTkRfU1RFRVIQAhIjCh9UUkFOU0NSSVBUX0VOVFJZX0tJTkRfVE9PTF9DQUxMEAMSIAocVFJBTlNDUklQVF9FTlRSWV9LSU5EX1JFU1VMVBAEEiAKHFRSQU5TQ1JJUFRfRU5UUllfS0lORF9FTElERUQQBTKwBQoMQWdlbnRTZXJ2aWNlEkAKBVNwYXduEhouc3ViYWdlbnRzLnYxLlNwYXduUmVxdWVzdBobLnN1YmFnZW50cy52MS5TcGF3blJlc3BvbnNlEkMKBlN0YXR1cxIbLnN1YmFnZW50cy52MS5TdGF0dXNSZXF1ZXN0Ghwuc3ViYWdlbnRzLnYxLlN0YXR1c1Jlc3BvbnNlEkAKBUF3YWl0Ehouc3ViYWdlbnRzLnYxLkF3YWl0UmVxdWVzdBobLnN1YmFnZW50cy52MS5Bd2FpdFJlc3BvbnNlEkMKBkNhbmNlbBIbLnN1YmFnZW50cy52MS5DYW5jZWxSZXF1ZXN0Ghwuc3ViYWdlbnRzLnYxLkNhbmNlbFJlc3BvbnNlEkAKBVN0ZWVyEhouc3ViYWdlbnRzLnYxLlN0ZWVyUmVxdWVzdBobLnN1YmFnZW50cy52MS5TdGVlclJlc3BvbnNlElQKC1dhdGNoQWdlbnRzEiAuc3ViYWdlbnRzLnYxLldhdGNoQWdlbnRzUmVxdWVzdBohLnN1YmFnZW50cy52MS5XYXRjaEFnZW50c1Jlc3BvbnNlMAESRgoHQXBwcm92ZRIcLnN1YmFnZW50cy52MS5BcHByb3ZlUmVxdWVzdBodLnN1YmFnZW50cy52MS5BcHByb3ZlUmVzcG9uc2USWAoNR2V0VHJhbnNjcmlwdBIiLnN1YmFnZW50cy52MS5HZXRUcmFuc2NyaXB0UmVxdWVzdBojLnN1YmFnZW50cy52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USWAoNR2V0U2VydmVySW5mbxIiLnN1YmFnZW50cy52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBojLnN1YmFnZW50cy52MS5HZXRTZXJ2ZXJJbmZvUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChxzdWJhZ2VudHMvdjEvc3ViYWdlbnRzLnByb3RvEgxzdWJhZ2VudHMudjEiyAcKBUFnZW50EgoKAmlkGAEgASgJEg0KBWFnZW50GAIgASgJEg0KBW1vZGVsGAMgASgJEhMKC2Rlc2NyaXB0aW9uGAQgASgJEhEKCXBhcmVudF9pZBgFIAEoCRIPCgdyb290X2lkGAYgASgJEg8KB2xlYWRfaWQYByABKAkSDQoFZGVwdGgYCCABKA0SKQoGc3RhdHVzGAkgASgOMhkuc3ViYWdlbnRzLnYxLkFnZW50U3RhdHVzEi4KCmNyZWF0ZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnN0YXJ0ZWRfYXQYCyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2ZpbmlzaGVkX2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgplbGFwc2VkX21zGA0gASgEEg4KBnJlc3VsdBgOIAEoCRInCgVlcnJvchgPIAEoCzIYLnN1YmFnZW50cy52MS5BZ2VudEVycm9yEigKCGFwcHJvdmFsGBAgASgLMhYuc3ViYWdlbnRzLnYxLkFwcHJvdmFsEiIKBXVzYWdlGBEgASgLMhMuc3ViYWdlbnRzLnYxLlVzYWdlEi8KBmxhYmVscxgSIAMoCzIfLnN1YmFnZW50cy52MS5BZ2VudC5MYWJlbHNFbnRyeRISCgpiYWNrZ3JvdW5kGBMgASgIEhAKCGRldGFjaGVkGBQgASgIEhQKDHF1ZXVlX3JlYXNvbhgVIAEoCRIOCgZidWNrZXQYFiABKAkSEQoJd29ya2VyX2lkGBcgASgJEg8KB2F0dGVtcHQYGCABKA0SKAoLdG90YWxfdXNhZ2UYGSABKAsyEy5zdWJhZ2VudHMudjEuVXNhZ2USEAoIdHJhY2VfaWQYGiABKAkSDgoGdGVuYW50GBsgASgJEhcKD2NvbnZlcnNhdGlvbl9pZBgcIAEoCRIUCgxjb250aW51ZXNfaWQYHSABKAkSDAoEdHVybhgeIAEoDRIsCghhdHRlbXB0cxgfIAMoCzIaLnN1YmFnZW50cy52MS5BZ2VudEF0dGVtcHQSMgoOY29sbGVjdGVkX3RpbWUYICABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEioKCXdvcmtzcGFjZRghIAEoCzIXLnN1YmFnZW50cy52MS5Xb3Jrc3BhY2UaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKRAQoJV29ya3NwYWNlEg4KBmJyYW5jaBgBIAEoCRIMCgRrZXB0GAIgASgIEhMKC2Jhc2VfY29tbWl0GAMgASgJEhMKC2hlYWRfY29tbWl0GAQgASgJEhUKDWZpbGVzX2NoYW5nZWQYBSABKA0SEgoKaW5zZXJ0aW9ucxgGIAEoDRIRCglkZWxldGlvbnMYByABKA0itQEKDEFnZW50QXR0ZW1wdBIPCgdhdHRlbXB0GAEgASgNEg0KBW1vZGVsGAIgASgJEicKBWVycm9yGAMgASgLMhguc3ViYWdlbnRzLnYxLkFnZW50RXJyb3ISLgoKc3RhcnRlZF9hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIisKCkFnZW50RXJyb3ISDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJIjkKCEFwcHJvdmFsEgoKAmlkGAEgASgJEhEKCXRvb2xfbmFtZRgCIAEoCRIOCgZkZXRhaWwYAyABKAkiSAoFVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSEgoKdG9vbF9jYWxscxgDIAEoBCLsAgoMU3Bhd25SZXF1ZXN0Eg0KBWFnZW50GAEgASgJEg0KBW1vZGVsGAIgASgJEg4KBnByb21wdBgDIAEoCRITCgtkZXNjcmlwdGlvbhgEIAEoCRIRCglwYXJlbnRfaWQYBSABKAkSDwoHbGVhZF9pZBgGIAEoCRISCgpiYWNrZ3JvdW5kGAcgASgIEjYKBmxhYmVscxgIIAMoCzImLnN1YmFnZW50cy52MS5TcGF3blJlcXVlc3QuTGFiZWxzRW50cnkSKgoHdGltZW91dBgJIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIXCg9pZGVtcG90ZW5jeV9rZXkYCiABKAkSEAoIZGV0YWNoZWQYCyABKAgSFQoNY29udGludWVfZnJvbRgMIAEoCRIMCgRmb3JrGA0gASgIGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiMwoNU3Bhd25SZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLnN1YmFnZW50cy52MS5BZ2VudCLjAQoNU3RhdHVzUmVxdWVzdBILCgNpZHMYASADKAkSEQoJcGFyZW50X2lkGAIgASgJEg8KB3Jvb3RfaWQYAyABKAkSDwoHbGVhZF9pZBgEIAEoCRIrCghzdGF0dXNlcxgFIAMoDjIZLnN1YmFnZW50cy52MS5BZ2VudFN0YXR1cxIRCglwYWdlX3NpemUYBiABKA0SEgoKcGFnZV90b2tlbhgHIAEoCRIOCgZ0ZW5hbnQYCCABKAkSFwoPY29udmVyc2F0aW9uX2lkGAkgASgJEhMKC3VuY29sbGVjdGVkGAogASgIIk4KDlN0YXR1c1Jlc3BvbnNlEiMKBmFnZW50cxgBIAMoCzITLnN1YmFnZW50cy52MS5BZ2VudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiowEKDEF3YWl0UmVxdWVzdBILCgNpZHMYASADKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIlCgRtb2RlGAMgASgOMhcuc3ViYWdlbnRzLnYxLkF3YWl0TW9kZRIPCgdsZWFkX2lkGAQgASgJEhEKCXBhcmVudF9pZBgFIAEoCRIPCgdjb2xsZWN0GAYgASgIIkcKDUF3YWl0UmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuc3ViYWdlbnRzLnYxLkFnZW50EhEKCXRpbWVkX291dBgCIAEoCCI8Cg1DYW5jZWxSZXF1ZXN0EgoKAmlkGAEgASgJEg8KB2xlYWRfaWQYAiABKAkSDgoGcmVhc29uGAMgASgJIjUKDkNhbmNlbFJlc3BvbnNlEiMKBmFnZW50cxgBIAMoCzITLnN1YmFnZW50cy52MS5BZ2VudCIrCgxTdGVlclJlcXVlc3QSCgoCaWQYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJiCg1TdGVlclJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuc3ViYWdlbnRzLnYxLkFnZW50Ei0KCGRlbGl2ZXJ5GAIgASgOMhsuc3ViYWdlbnRzLnYxLlN0ZWVyRGVsaXZlcnkicQoOQXBwcm92ZVJlcXVlc3QSCgoCaWQYASABKAkSEwoLYXBwcm92YWxfaWQYAiABKAkSMAoIZGVjaXNpb24YAyABKA4yHi5zdWJhZ2VudHMudjEuQXBwcm92YWxEZWNpc2lvbhIMCgRub3RlGAQgASgJIjUKD0FwcHJvdmVSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLnN1YmFnZW50cy52MS5BZ2VudCLLAQoSV2F0Y2hBZ2VudHNSZXF1ZXN0EgsKA2lkcxgBIAMoCRIRCglwYXJlbnRfaWQYAiABKAkSDwoHcm9vdF9pZBgDIAEoCRIPCgdsZWFkX2lkGAQgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAUgASgEEhgKEGluY2x1ZGVfc25hcHNob3QYBiABKAgSGAoQaW5jbHVkZV9wcm9ncmVzcxgHIAEoCBIOCgZ0ZW5hbnQYCCABKAkSFwoPY29udmVyc2F0aW9uX2lkGAkgASgJIi4KCFRvb2xDYWxsEgwKBG5hbWUYASABKAkSFAoMaW5wdXRfZGlnZXN0GAIgASgJIrIBChNXYXRjaEFnZW50c1Jlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgEEioKBGtpbmQYAiABKA4yHC5zdWJhZ2VudHMudjEuQWdlbnRFdmVudEtpbmQSIgoFYWdlbnQYAyABKAsyEy5zdWJhZ2VudHMudjEuQWdlbnQSDgoGb3V0cHV0GAQgASgJEikKCXRvb2xfY2FsbBgFIAEoCzIWLnN1YmFnZW50cy52MS5Ub29sQ2FsbCJoChRHZXRUcmFuc2NyaXB0UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIXCg9jb252ZXJzYXRpb25faWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkinAIKD1RyYW5zY3JpcHRFbnRyeRIvCgRraW5kGAEgASgOMiEuc3ViYWdlbnRzLnYxLlRyYW5zY3JpcHRFbnRyeUtpbmQSEAoIYWdlbnRfaWQYAiABKAkSDAoEdHVybhgDIAEoDRIoCgR0aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgR0ZXh0GAUgASgJEikKBnN0YXR1cxgGIAEoDjIZLnN1YmFnZW50cy52MS5BZ2VudFN0YXR1cxInCgVlcnJvchgHIAEoCzIYLnN1YmFnZW50cy52MS5BZ2VudEVycm9yEhYKDmVsaWRlZF9lbnRyaWVzGAggASgEEhQKDGVsaWRlZF9ieXRlcxgJIAEoBCJ5ChVHZXRUcmFuc2NyaXB0UmVzcG9uc2USFwoPY29udmVyc2F0aW9uX2lkGAEgASgJEi4KB2VudHJpZXMYAiADKAsyHS5zdWJhZ2VudHMudjEuVHJhbnNjcmlwdEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgDIAEoCSIWChRHZXRTZXJ2ZXJJbmZvUmVxdWVzdCKCAQoVR2V0U2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSMAoLYWdlbnRfdHlwZXMYAiADKAsyGy5zdWJhZ2VudHMudjEuQWdlbnRUeXBlSW5mbxImCgNtY3AYAyABKAsyGS5zdWJhZ2VudHMudjEuTWNwU2V0dGluZ3MiaAoLTWNwU2V0dGluZ3MSEQoJYXBwcm92YWxzGAEgASgJEiwKCW1heF9hd2FpdBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIYChBtYXhfcmVzdWx0X2NoYXJzGAMgASgNIm4KDUFnZW50VHlwZUluZm8SDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIOCgZydW5uZXIYAyABKAkSFQoNZGVmYXVsdF9tb2RlbBgEIAEoCRITCgtjb250aW51YWJsZRgFIAEoCCrOAQoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTQUdFTlRfU1RBVFVTX1FVRVVFRBABEhgKFEFHRU5UX1NUQVRVU19SVU5OSU5HEAISIgoeQUdFTlRfU1RBVFVTX0FXQUlUSU5HX0FQUFJPVkFMEAMSFQoRQUdFTlRfU1RBVFVTX0RPTkUQBBIXChNBR0VOVF9TVEFUVVNfRkFJTEVEEAUSGgoWQUdFTlRfU1RBVFVTX0NBTkNFTExFRBAGKk8KCUF3YWl0TW9kZRIaChZBV0FJVF9NT0RFX1VOU1BFQ0lGSUVEEAASEgoOQVdBSVRfTU9ERV9BTEwQARISCg5BV0FJVF9NT0RFX0FOWRACKmoKDVN0ZWVyRGVsaXZlcnkSHgoaU1RFRVJfREVMSVZFUllfVU5TUEVDSUZJRUQQABIcChhTVEVFUl9ERUxJVkVSWV9ERUxJVkVSRUQQARIbChdTVEVFUl9ERUxJVkVSWV9CVUZGRVJFRBACKnAKEEFwcHJvdmFsRGVjaXNpb24SIQodQVBQUk9WQUxfREVDSVNJT05fVU5TUEVDSUZJRUQQABIdChlBUFBST1ZBTF9ERUNJU0lPTl9BUFBST1ZFEAESGgoWQVBQUk9WQUxfREVDSVNJT05fREVOWRACKqwDCg5BZ2VudEV2ZW50S2luZBIgChxBR0VOVF9FVkVOVF9LSU5EX1VOU1BFQ0lGSUVEEAASHQoZQUdFTlRfRVZFTlRfS0lORF9TTkFQU0hPVBABEhsKF0FHRU5UX0VWRU5UX0tJTkRfUVVFVUVEEAISHAoYQUdFTlRfRVZFTlRfS0lORF9TVEFSVEVEEAMSHAoYQUdFTlRfRVZFTlRfS0lORF9TVEVFUkVEEAQSJgoiQUdFTlRfRVZFTlRfS0lORF9BV0FJVElOR19BUFBST1ZBTBAFEhkKFUFHRU5UX0VWRU5UX0tJTkRfRE9ORRAGEhsKF0FHRU5UX0VWRU5UX0tJTkRfRkFJTEVEEAcSHgoaQUdFTlRfRVZFTlRfS0lORF9DQU5DRUxMRUQQCBIdChlBR0VOVF9FVkVOVF9LSU5EX1JFVFJZSU5HEAkSGwoXQUdFTlRfRVZFTlRfS0lORF9PVVRQVVQQChIeChpBR0VOVF9FVkVOVF9LSU5EX1RPT0xfQ0FMTBALEiQKIEFHRU5UX0VWRU5UX0tJTkRfV09SS1NQQUNFX1NBVkVEEAwq6AEKE1RyYW5zY3JpcHRFbnRyeUtpbmQSJQohVFJBTlNDUklQVF9FTlRSWV9LSU5EX1VOU1BFQ0lGSUVEEAASIAocVFJBTlNDUklQVF9FTlRSWV9LSU5EX1BST01QVBABEh8KG1RSQU5TQ1JJUFRfRU5UUllfS0lORF9TVEVFUhACEiMKH1RSQU5TQ1JJUFRfRU5UUllfS0lORF9UT09MX0NBTEwQAxIgChxUUkFOU0NSSVBUX0VOVFJZX0tJTkRfUkVTVUxUEAQSIAocVFJBTlNDUklQVF9FTlRSWV9LSU5EX0VMSURFRBAFMrAFCgxBZ2VudFNlcnZpY2USQAoFU3Bhd24SGi5zdWJhZ2VudHMudjEuU3Bhd25SZXF1ZXN0Ghsuc3ViYWdlbnRzLnYxLlNwYXduUmVzcG9uc2USQwoGU3RhdHVzEhsuc3ViYWdlbnRzLnYxLlN0YXR1c1JlcXVlc3QaHC5zdWJhZ2VudHMudjEuU3RhdHVzUmVzcG9uc2USQAoFQXdhaXQSGi5zdWJhZ2VudHMudjEuQXdhaXRSZXF1ZXN0Ghsuc3ViYWdlbnRzLnYxLkF3YWl0UmVzcG9uc2USQwoGQ2FuY2VsEhsuc3ViYWdlbnRzLnYxLkNhbmNlbFJlcXVlc3QaHC5zdWJhZ2VudHMudjEuQ2FuY2VsUmVzcG9uc2USQAoFU3RlZXISGi5zdWJhZ2VudHMudjEuU3RlZXJSZXF1ZXN0Ghsuc3ViYWdlbnRzLnYxLlN0ZWVyUmVzcG9uc2USVAoLV2F0Y2hBZ2VudHMSIC5zdWJhZ2VudHMudjEuV2F0Y2hBZ2VudHNSZXF1ZXN0GiEuc3ViYWdlbnRzLnYxLldhdGNoQWdlbnRzUmVzcG9uc2UwARJGCgdBcHByb3ZlEhwuc3ViYWdlbnRzLnYxLkFwcHJvdmVSZXF1ZXN0Gh0uc3ViYWdlbnRzLnYxLkFwcHJvdmVSZXNwb25zZRJYCg1HZXRUcmFuc2NyaXB0EiIuc3ViYWdlbnRzLnYxLkdldFRyYW5zY3JpcHRSZXF1ZXN0GiMuc3ViYWdlbnRzLnYxLkdldFRyYW5zY3JpcHRSZXNwb25zZRJYCg1HZXRTZXJ2ZXJJbmZvEiIuc3ViYWdlbnRzLnYxLkdldFNlcnZlckluZm9SZXF1ZXN0GiMuc3ViYWdlbnRzLnYxLkdldFNlcnZlckluZm9SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * A sub-agent: one run of an agent type on a model, placed in an agent tree.
@@ -275,6 +275,18 @@ export type Agent = Message<"subagents.v1.Agent"> & {
    * @generated from field: google.protobuf.Timestamp collected_time = 32;
    */
   collectedTime?: Timestamp | undefined;
+
+  /**
+   * For an agent type with a workspace (`workspace = "worktree"`): the
+   * branch its run worked on and what it changed, once the run's worktree
+   * was saved. Unset until then, and for types without a workspace. A run
+   * that ends by itself is saved before its terminal event; a run the
+   * server stops (cancel, deadline, stale) gets it later, with a
+   * WORKSPACE_SAVED event.
+   *
+   * @generated from field: subagents.v1.Workspace workspace = 33;
+   */
+  workspace?: Workspace | undefined;
 };
 
 /**
@@ -283,6 +295,66 @@ export type Agent = Message<"subagents.v1.Agent"> & {
  */
 export const AgentSchema: GenMessage<Agent> = /*@__PURE__*/
   messageDesc(file_subagents_v1_subagents, 0);
+
+/**
+ * What a run left in its workspace: its branch, and the changes from the
+ * commit the worktree started at to the branch's head.
+ *
+ * @generated from message subagents.v1.Workspace
+ */
+export type Workspace = Message<"subagents.v1.Workspace"> & {
+  /**
+   * The run's branch, e.g. "subagentd/<agent id>".
+   *
+   * @generated from field: string branch = 1;
+   */
+  branch: string;
+
+  /**
+   * Whether the branch still exists (`[agents.NAME] keep`).
+   *
+   * @generated from field: bool kept = 2;
+   */
+  kept: boolean;
+
+  /**
+   * The commit the run's worktree started at.
+   *
+   * @generated from field: string base_commit = 3;
+   */
+  baseCommit: string;
+
+  /**
+   * The branch's head once the run's work was committed.
+   *
+   * @generated from field: string head_commit = 4;
+   */
+  headCommit: string;
+
+  /**
+   * Files changed, and lines inserted and deleted, from base to head.
+   *
+   * @generated from field: uint32 files_changed = 5;
+   */
+  filesChanged: number;
+
+  /**
+   * @generated from field: uint32 insertions = 6;
+   */
+  insertions: number;
+
+  /**
+   * @generated from field: uint32 deletions = 7;
+   */
+  deletions: number;
+};
+
+/**
+ * Describes the message subagents.v1.Workspace.
+ * Use `create(WorkspaceSchema)` to create a new message.
+ */
+export const WorkspaceSchema: GenMessage<Workspace> = /*@__PURE__*/
+  messageDesc(file_subagents_v1_subagents, 1);
 
 /**
  * One attempt (run) of an agent.
@@ -332,7 +404,7 @@ export type AgentAttempt = Message<"subagents.v1.AgentAttempt"> & {
  * Use `create(AgentAttemptSchema)` to create a new message.
  */
 export const AgentAttemptSchema: GenMessage<AgentAttempt> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 1);
+  messageDesc(file_subagents_v1_subagents, 2);
 
 /**
  * Why an agent ended without success.
@@ -360,7 +432,7 @@ export type AgentError = Message<"subagents.v1.AgentError"> & {
  * Use `create(AgentErrorSchema)` to create a new message.
  */
 export const AgentErrorSchema: GenMessage<AgentError> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 2);
+  messageDesc(file_subagents_v1_subagents, 3);
 
 /**
  * A tool call waiting for a decision.
@@ -396,7 +468,7 @@ export type Approval = Message<"subagents.v1.Approval"> & {
  * Use `create(ApprovalSchema)` to create a new message.
  */
 export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 3);
+  messageDesc(file_subagents_v1_subagents, 4);
 
 /**
  * Resources used by a run.
@@ -431,7 +503,7 @@ export type Usage = Message<"subagents.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 4);
+  messageDesc(file_subagents_v1_subagents, 5);
 
 /**
  * Request to create an agent.
@@ -560,7 +632,7 @@ export type SpawnRequest = Message<"subagents.v1.SpawnRequest"> & {
  * Use `create(SpawnRequestSchema)` to create a new message.
  */
 export const SpawnRequestSchema: GenMessage<SpawnRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 5);
+  messageDesc(file_subagents_v1_subagents, 6);
 
 /**
  * Result of a Spawn.
@@ -582,7 +654,7 @@ export type SpawnResponse = Message<"subagents.v1.SpawnResponse"> & {
  * Use `create(SpawnResponseSchema)` to create a new message.
  */
 export const SpawnResponseSchema: GenMessage<SpawnResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 6);
+  messageDesc(file_subagents_v1_subagents, 7);
 
 /**
  * Request to read agents. With `ids` set, filters are not allowed and the
@@ -672,7 +744,7 @@ export type StatusRequest = Message<"subagents.v1.StatusRequest"> & {
  * Use `create(StatusRequestSchema)` to create a new message.
  */
 export const StatusRequestSchema: GenMessage<StatusRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 7);
+  messageDesc(file_subagents_v1_subagents, 8);
 
 /**
  * Agents matching a StatusRequest, oldest first.
@@ -700,7 +772,7 @@ export type StatusResponse = Message<"subagents.v1.StatusResponse"> & {
  * Use `create(StatusResponseSchema)` to create a new message.
  */
 export const StatusResponseSchema: GenMessage<StatusResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 8);
+  messageDesc(file_subagents_v1_subagents, 9);
 
 /**
  * Request to wait for agents to settle (terminal or AWAITING_APPROVAL).
@@ -771,7 +843,7 @@ export type AwaitRequest = Message<"subagents.v1.AwaitRequest"> & {
  * Use `create(AwaitRequestSchema)` to create a new message.
  */
 export const AwaitRequestSchema: GenMessage<AwaitRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 9);
+  messageDesc(file_subagents_v1_subagents, 10);
 
 /**
  * The awaited agents.
@@ -800,7 +872,7 @@ export type AwaitResponse = Message<"subagents.v1.AwaitResponse"> & {
  * Use `create(AwaitResponseSchema)` to create a new message.
  */
 export const AwaitResponseSchema: GenMessage<AwaitResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 10);
+  messageDesc(file_subagents_v1_subagents, 11);
 
 /**
  * Request to cancel agents. Exactly one of `id` and `lead_id` must be set.
@@ -835,7 +907,7 @@ export type CancelRequest = Message<"subagents.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 11);
+  messageDesc(file_subagents_v1_subagents, 12);
 
 /**
  * Agents cancelled by a Cancel.
@@ -857,7 +929,7 @@ export type CancelResponse = Message<"subagents.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 12);
+  messageDesc(file_subagents_v1_subagents, 13);
 
 /**
  * Request to send a message to an agent's run.
@@ -885,7 +957,7 @@ export type SteerRequest = Message<"subagents.v1.SteerRequest"> & {
  * Use `create(SteerRequestSchema)` to create a new message.
  */
 export const SteerRequestSchema: GenMessage<SteerRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 13);
+  messageDesc(file_subagents_v1_subagents, 14);
 
 /**
  * Result of a Steer.
@@ -913,7 +985,7 @@ export type SteerResponse = Message<"subagents.v1.SteerResponse"> & {
  * Use `create(SteerResponseSchema)` to create a new message.
  */
 export const SteerResponseSchema: GenMessage<SteerResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 14);
+  messageDesc(file_subagents_v1_subagents, 15);
 
 /**
  * Request to decide an agent's pending approval.
@@ -957,7 +1029,7 @@ export type ApproveRequest = Message<"subagents.v1.ApproveRequest"> & {
  * Use `create(ApproveRequestSchema)` to create a new message.
  */
 export const ApproveRequestSchema: GenMessage<ApproveRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 15);
+  messageDesc(file_subagents_v1_subagents, 16);
 
 /**
  * Result of an Approve.
@@ -978,7 +1050,7 @@ export type ApproveResponse = Message<"subagents.v1.ApproveResponse"> & {
  * Use `create(ApproveResponseSchema)` to create a new message.
  */
 export const ApproveResponseSchema: GenMessage<ApproveResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 16);
+  messageDesc(file_subagents_v1_subagents, 17);
 
 /**
  * Subscription to lifecycle events. Filters combine with AND; empty means
@@ -1062,7 +1134,7 @@ export type WatchAgentsRequest = Message<"subagents.v1.WatchAgentsRequest"> & {
  * Use `create(WatchAgentsRequestSchema)` to create a new message.
  */
 export const WatchAgentsRequestSchema: GenMessage<WatchAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 17);
+  messageDesc(file_subagents_v1_subagents, 18);
 
 /**
  * A tool call a run reported.
@@ -1091,7 +1163,7 @@ export type ToolCall = Message<"subagents.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 18);
+  messageDesc(file_subagents_v1_subagents, 19);
 
 /**
  * One event: a lifecycle transition, a snapshot or (with include_progress)
@@ -1146,7 +1218,7 @@ export type WatchAgentsResponse = Message<"subagents.v1.WatchAgentsResponse"> & 
  * Use `create(WatchAgentsResponseSchema)` to create a new message.
  */
 export const WatchAgentsResponseSchema: GenMessage<WatchAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 19);
+  messageDesc(file_subagents_v1_subagents, 20);
 
 /**
  * Request to read a transcript. Exactly one of `agent_id` and
@@ -1191,7 +1263,7 @@ export type GetTranscriptRequest = Message<"subagents.v1.GetTranscriptRequest"> 
  * Use `create(GetTranscriptRequestSchema)` to create a new message.
  */
 export const GetTranscriptRequestSchema: GenMessage<GetTranscriptRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 20);
+  messageDesc(file_subagents_v1_subagents, 21);
 
 /**
  * One entry of a transcript.
@@ -1269,7 +1341,7 @@ export type TranscriptEntry = Message<"subagents.v1.TranscriptEntry"> & {
  * Use `create(TranscriptEntrySchema)` to create a new message.
  */
 export const TranscriptEntrySchema: GenMessage<TranscriptEntry> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 21);
+  messageDesc(file_subagents_v1_subagents, 22);
 
 /**
  * A page of a transcript, oldest entry first.
@@ -1304,7 +1376,7 @@ export type GetTranscriptResponse = Message<"subagents.v1.GetTranscriptResponse"
  * Use `create(GetTranscriptResponseSchema)` to create a new message.
  */
 export const GetTranscriptResponseSchema: GenMessage<GetTranscriptResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 22);
+  messageDesc(file_subagents_v1_subagents, 23);
 
 /**
  * GetServerInfo takes no arguments.
@@ -1319,7 +1391,7 @@ export type GetServerInfoRequest = Message<"subagents.v1.GetServerInfoRequest"> 
  * Use `create(GetServerInfoRequestSchema)` to create a new message.
  */
 export const GetServerInfoRequestSchema: GenMessage<GetServerInfoRequest> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 23);
+  messageDesc(file_subagents_v1_subagents, 24);
 
 /**
  * What this server is and is configured with.
@@ -1355,7 +1427,7 @@ export type GetServerInfoResponse = Message<"subagents.v1.GetServerInfoResponse"
  * Use `create(GetServerInfoResponseSchema)` to create a new message.
  */
 export const GetServerInfoResponseSchema: GenMessage<GetServerInfoResponse> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 24);
+  messageDesc(file_subagents_v1_subagents, 25);
 
 /**
  * The `[mcp]` settings.
@@ -1391,7 +1463,7 @@ export type McpSettings = Message<"subagents.v1.McpSettings"> & {
  * Use `create(McpSettingsSchema)` to create a new message.
  */
 export const McpSettingsSchema: GenMessage<McpSettings> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 25);
+  messageDesc(file_subagents_v1_subagents, 26);
 
 /**
  * One configured agent type, as a client picking a type sees it.
@@ -1441,7 +1513,7 @@ export type AgentTypeInfo = Message<"subagents.v1.AgentTypeInfo"> & {
  * Use `create(AgentTypeInfoSchema)` to create a new message.
  */
 export const AgentTypeInfoSchema: GenMessage<AgentTypeInfo> = /*@__PURE__*/
-  messageDesc(file_subagents_v1_subagents, 26);
+  messageDesc(file_subagents_v1_subagents, 27);
 
 /**
  * Lifecycle state of an agent. DONE, FAILED and CANCELLED are terminal.
@@ -1701,6 +1773,14 @@ export enum AgentEventKind {
    * @generated from enum value: AGENT_EVENT_KIND_TOOL_CALL = 11;
    */
   TOOL_CALL = 11,
+
+  /**
+   * A stopped run's worktree was saved after its terminal event: the
+   * agent now carries its `workspace`.
+   *
+   * @generated from enum value: AGENT_EVENT_KIND_WORKSPACE_SAVED = 12;
+   */
+  WORKSPACE_SAVED = 12,
 }
 
 /**
