@@ -430,3 +430,54 @@ async fn a_repo_that_is_no_git_repository_stops_the_server_from_starting() {
     assert!(message.contains("agents.coder.repo"), "{message}");
     assert!(message.contains("not a git repository"), "{message}");
 }
+
+#[tokio::test]
+async fn a_conversation_builds_one_branch_and_a_fork_starts_its_own() {
+    let repo = Repo::new();
+    // Each turn adds a file named after itself and lists the turn files it sees.
+    let script = repo.script(
+        "turn.sh",
+        "cat > /dev/null\necho \"$SUBAGENTD_AGENT_ID\" > \"turn-$SUBAGENTD_AGENT_ID.txt\"\nls turn-*.txt | wc -l\n",
+    );
+    let mut s = repo.server(&script, "").await;
+    let first = spawn(&mut s.client, coder("one", false)).await;
+    let one = first.workspace.clone().expect("saved");
+    assert_eq!(first.result.trim(), "1");
+
+    let mut next = coder("two", false);
+    next.agent = String::new();
+    next.model = String::new();
+    next.continue_from = first.id.clone();
+    let second = spawn(&mut s.client, next.clone()).await;
+    assert_eq!(status(&second), pb::AgentStatus::Done, "{second:?}");
+    assert_eq!(
+        second.result.trim(),
+        "2",
+        "the continuation sees the first turn's work"
+    );
+    let two = second.workspace.clone().expect("saved");
+    assert_eq!(two.branch, one.branch, "one conversation, one branch");
+    assert_eq!(two.base_commit, one.head_commit);
+    assert_eq!(two.files_changed, 1);
+    assert_eq!(
+        git(&repo.repo(), &["rev-parse", &one.branch]),
+        two.head_commit
+    );
+
+    next.fork = true;
+    let fork = spawn(&mut s.client, next).await;
+    assert_eq!(
+        fork.result.trim(),
+        "2",
+        "the fork sees the first turn's work only"
+    );
+    let forked = fork.workspace.clone().expect("saved");
+    assert_eq!(forked.branch, format!("subagentd/{}", fork.id));
+    assert_eq!(forked.base_commit, one.head_commit);
+    assert!(repo.worktrees().is_empty());
+    // The conversation's branch still ends at the second turn.
+    assert_eq!(
+        git(&repo.repo(), &["rev-parse", &one.branch]),
+        two.head_commit
+    );
+}

@@ -342,7 +342,23 @@ struct RunWorkspace {
 impl RunWorkspace {
     async fn create(ctx: WorkspaceCtx, run: &Run) -> Result<Self, AgentError> {
         let id = run.agent.id.to_string();
-        let start = Start::Ref(ctx.spec.base.clone());
+        // A conversation builds one branch: a continuation goes on on the
+        // continued agent's branch, a fork starts its own at that agent's
+        // head (both fall back to the head commit, then to `base`, when the
+        // branch or commit is gone).
+        let fork = run
+            .agent
+            .continuation
+            .as_ref()
+            .is_some_and(|c| c.conversation_id == run.agent.id);
+        let start = match &run.continues_workspace {
+            Some(w) if w.kept && !fork => Start::Branch {
+                branch: w.branch.clone(),
+                head: w.head_commit.clone(),
+            },
+            Some(w) => Start::Commit(w.head_commit.clone()),
+            None => Start::Ref(ctx.spec.base.clone()),
+        };
         let worktree = ctx
             .workspaces
             .create(&ctx.spec, &id, &start)

@@ -117,6 +117,9 @@ pub struct Worktree {
     pub branch: String,
     /// The commit the worktree was created at.
     pub base_commit: String,
+    /// Whether the run made its branch (a continuation's or a retried
+    /// run's existed before, and is never deleted for an unchanged run).
+    pub created_branch: bool,
 }
 
 /// What a run's worktree left behind once it was saved and removed.
@@ -213,78 +216,67 @@ impl Workspaces {
             commit_all(spec, &path, id, "").await?;
             remove_worktree(&spec.repo, &path).await?;
         }
-        let path_arg = path.as_os_str();
         let own_branch = format!("{}{id}", spec.branch_prefix);
-        let retried = matches!(start, Start::Ref(_))
-            && git_succeeds(
-                &spec.repo,
-                [
-                    "rev-parse",
-                    "--verify",
-                    "--quiet",
-                    &format!("refs/heads/{own_branch}"),
-                ],
-            )
-            .await?;
-        let (branch, base_commit) = match start {
-            // A retried run goes on with what the earlier attempt left.
-            Start::Ref(_) if retried => {
-                let head = git(
-                    &spec.repo,
-                    ["rev-parse", &format!("refs/heads/{own_branch}")],
-                )
-                .await?;
+        // Where the worktree goes, after the fallbacks: a branch that
+        // exists (a retried run's own, a continuation's), else a new branch
+        // at a commit the repository has, else at `base`.
+        let existing = |branch: &str| {
+            let reference = format!("refs/heads/{branch}");
+            let repo = spec.repo.clone();
+            async move {
+                git(&repo, ["rev-parse", "--verify", "--quiet", &reference])
+                    .await
+                    .ok()
+            }
+        };
+        let on_branch = match start {
+            Start::Ref(_) => existing(&own_branch)
+                .await
+                .map(|head| (own_branch.clone(), head)),
+            Start::Branch { branch, .. } => {
+                existing(branch).await.map(|head| (branch.clone(), head))
+            }
+            Start::Commit(_) => None,
+        };
+        let (branch, base_commit, created_branch) = match on_branch {
+            Some((branch, head)) => {
                 let args: [&OsStr; 4] = [
                     "worktree".as_ref(),
                     "add".as_ref(),
-                    path_arg,
+                    path.as_os_str(),
+                    branch.as_ref(),
+                ];
+                git(&spec.repo, args).await?;
+                (branch, head, false)
+            }
+            None => {
+                let commit = match start {
+                    Start::Ref(reference) => self.resolve(&spec.repo, reference).await?,
+                    // A continued agent's head, if the repository still has it.
+                    Start::Branch { head, .. } | Start::Commit(head) => {
+                        match self.resolve(&spec.repo, head).await {
+                            Ok(commit) => commit,
+                            Err(_) => self.resolve(&spec.repo, &spec.base).await?,
+                        }
+                    }
+                };
+                let args: [&OsStr; 6] = [
+                    "worktree".as_ref(),
+                    "add".as_ref(),
+                    "-b".as_ref(),
                     own_branch.as_ref(),
-                ];
-                git(&spec.repo, args).await?;
-                (own_branch, head)
-            }
-            Start::Ref(reference) => {
-                let commit = self.resolve(&spec.repo, reference).await?;
-                let branch = format!("{}{id}", spec.branch_prefix);
-                let args: [&OsStr; 6] = [
-                    "worktree".as_ref(),
-                    "add".as_ref(),
-                    "-b".as_ref(),
-                    branch.as_ref(),
-                    path_arg,
+                    path.as_os_str(),
                     commit.as_ref(),
                 ];
                 git(&spec.repo, args).await?;
-                (branch, commit)
-            }
-            Start::Branch { branch, head } => {
-                let args: [&OsStr; 4] = [
-                    "worktree".as_ref(),
-                    "add".as_ref(),
-                    path_arg,
-                    branch.as_ref(),
-                ];
-                git(&spec.repo, args).await?;
-                (branch.clone(), head.clone())
-            }
-            Start::Commit(commit) => {
-                let branch = format!("{}{id}", spec.branch_prefix);
-                let args: [&OsStr; 6] = [
-                    "worktree".as_ref(),
-                    "add".as_ref(),
-                    "-b".as_ref(),
-                    branch.as_ref(),
-                    path_arg,
-                    commit.as_ref(),
-                ];
-                git(&spec.repo, args).await?;
-                (branch, commit.clone())
+                (own_branch, commit, true)
             }
         };
         Ok(Worktree {
             path,
             branch,
             base_commit,
+            created_branch,
         })
     }
 
@@ -314,7 +306,7 @@ impl Workspaces {
         let kept = match spec.keep {
             Keep::Always => true,
             Keep::Never => false,
-            Keep::Changes => head_commit != worktree.base_commit,
+            Keep::Changes => head_commit != worktree.base_commit || !worktree.created_branch,
         };
         if !kept {
             git(
@@ -367,6 +359,7 @@ impl Workspaces {
                     path: path.clone(),
                     branch,
                     base_commit: String::new(),
+                    created_branch: false,
                 },
             ));
         }
@@ -797,6 +790,50 @@ mod tests {
         // From the second attempt's start: nothing more changed.
         assert_eq!(saved.files_changed, 0);
         assert!(ws.list(&spec).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_continuation_falls_back_to_the_head_then_to_base_and_never_deletes_its_branch() {
+        let repo = repo(1);
+        let root = tempfile::tempdir().unwrap();
+        let spec = spec(repo.path(), root.path(), Keep::Changes);
+        let ws = Workspaces::new();
+        let first = ws
+            .create(&spec, "c1", &Start::Ref("HEAD".into()))
+            .await
+            .unwrap();
+        std::fs::write(first.path.join("one.txt"), "1\n").unwrap();
+        let one = ws.save(&spec, &first, "c1", "").await.unwrap();
+        // A continuation that changes nothing keeps the conversation's branch.
+        let on = Start::Branch {
+            branch: one.branch.clone(),
+            head: one.head_commit.clone(),
+        };
+        let second = ws.create(&spec, "c2", &on).await.unwrap();
+        assert!(!second.created_branch);
+        let two = ws.save(&spec, &second, "c2", "").await.unwrap();
+        assert!(two.kept);
+        assert!(branches(repo.path()).await.contains("subagentd/c1"));
+        // The branch deleted: a new branch at the head commit.
+        git(repo.path(), ["branch", "-D", "subagentd/c1"])
+            .await
+            .unwrap();
+        let third = ws.create(&spec, "c3", &on).await.unwrap();
+        assert_eq!(
+            (third.branch.as_str(), third.base_commit.as_str()),
+            ("subagentd/c3", one.head_commit.as_str())
+        );
+        assert!(third.path.join("one.txt").exists());
+        ws.save(&spec, &third, "c3", "").await.unwrap();
+        // A head the repository does not have: a new branch at base.
+        let gone = Start::Commit("0123456789012345678901234567890123456789".into());
+        let fourth = ws.create(&spec, "c4", &gone).await.unwrap();
+        assert!(!fourth.path.join("one.txt").exists());
+        assert_eq!(
+            fourth.base_commit,
+            ws.resolve(repo.path(), "main").await.unwrap()
+        );
+        ws.save(&spec, &fourth, "c4", "").await.unwrap();
     }
 
     #[tokio::test]

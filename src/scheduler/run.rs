@@ -49,6 +49,9 @@ pub struct Run {
     /// A continuation's history: the earlier turns of its conversation
     /// (None for a conversation's first turn).
     pub history: Option<Arc<History>>,
+    /// A continuation or fork of an agent whose workspace was saved: that
+    /// workspace, where this run's worktree starts (None otherwise).
+    pub continues_workspace: Option<Arc<Workspace>>,
 }
 
 /// Executes runs of one kind of agent.

@@ -501,6 +501,8 @@ impl Worker {
             traceparent: assignment.traceparent.into(),
             credential: self.program_token.clone(),
             history,
+            // Workspaces are not run on workers yet.
+            continues_workspace: None,
         };
         self.tasks.spawn(async move {
             let outcome = tokio::select! {

@@ -749,7 +749,8 @@ impl Core {
                     })),
                 );
             }
-            let start = RunStart {
+            let continues = rec.view.continuation.as_ref().map(|c| c.continues_id);
+            let mut start = RunStart {
                 agent: rec.view.clone(),
                 runner: rec.runner,
                 prompt,
@@ -765,7 +766,13 @@ impl Core {
                     .expect("run controls exist"),
                 stale_timeout: self.runs.stale_timeout,
                 history,
+                continues_workspace: None,
             };
+            // A continuation starts its worktree where the agent it
+            // continues left its own (a lookup only for continuations).
+            if let Some(continued) = continues.and_then(|c| self.agents.get(&c)) {
+                start.continues_workspace = continued.view.workspace.clone();
+            }
             self.starts.push(start);
         }
     }

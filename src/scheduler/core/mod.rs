@@ -93,6 +93,8 @@ pub struct RunStart {
     /// A continuation's history: the turns before its own (None for the
     /// first turn of a conversation).
     pub history: Option<Arc<conversation::History>>,
+    /// The workspace of the agent a continuation or fork continues.
+    pub continues_workspace: Option<Arc<Workspace>>,
 }
 
 /// Handles the core keeps to talk to a live run.

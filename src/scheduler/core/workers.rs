@@ -122,6 +122,7 @@ impl Core {
             stale_timeout: self.runs.stale_timeout,
             // The worker has the run, and had the history with it.
             history: None,
+            continues_workspace: None,
         };
         self.starts.push(start);
         self.changed(id);
