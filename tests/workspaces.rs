@@ -481,3 +481,62 @@ async fn a_conversation_builds_one_branch_and_a_fork_starts_its_own() {
         two.head_commit
     );
 }
+
+#[tokio::test]
+async fn a_worktree_a_crash_left_is_saved_at_the_restart() {
+    use common::child::ChildServer;
+
+    let repo = Repo::new();
+    let script = repo.script(
+        "long.sh",
+        "echo draft > wip.txt\necho started\nexec sleep 60\n",
+    );
+    let toml = format!(
+        "[store]\npath = {data:?}\n\n[agents.coder]\nrunner = \"command\"\ncommand = [\"sh\", {script:?}]\n\
+         workspace = \"worktree\"\nrepo = {repo:?}\nroot = {root:?}\nkill_grace = \"200ms\"\n",
+        data = repo.dir.path().join("data"),
+        repo = repo.repo(),
+        root = repo.root(),
+    );
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let agent = spawn(&mut client, coder("go", true)).await;
+    let mut events = watch(
+        &mut client,
+        pb::WatchAgentsRequest {
+            ids: vec![agent.id.clone()],
+            include_progress: true,
+            include_snapshot: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for(&mut events, |ev| ev.output.contains("started")).await;
+    server.signal(nix::sys::signal::Signal::SIGKILL);
+    server.exit_status().await;
+    assert!(
+        repo.root().join(&agent.id).exists(),
+        "the crash left the worktree"
+    );
+
+    // The restart stops the orphaned program, fails the run, and saves its
+    // worktree before it serves.
+    let server = ChildServer::start(&toml, &[]).await;
+    let mut client = server.client().await;
+    let after = status_of(&mut client, &agent.id).await;
+    assert_eq!(status(&after), pb::AgentStatus::Failed, "{after:?}");
+    let workspace = after.workspace.expect("the recovery saved the worktree");
+    let branch = format!("subagentd/{}", agent.id);
+    assert_eq!(
+        (workspace.branch.as_str(), workspace.kept),
+        (branch.as_str(), true)
+    );
+    assert_eq!(workspace.files_changed, 1);
+    assert_eq!(
+        git(&repo.repo(), &["show", &format!("{branch}:wip.txt")]),
+        "draft"
+    );
+    assert!(repo.worktrees().is_empty());
+    assert!(!repo.root().join(&agent.id).exists());
+    server.stop().await;
+}

@@ -353,13 +353,21 @@ impl Workspaces {
             let Some(id) = path.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
+            // What the run started from is not recorded in git: the point
+            // its branch left `base` stands in for it.
+            let base_commit = match git(&spec.repo, ["merge-base", &spec.base, &branch]).await {
+                Ok(base) => base,
+                Err(_) => git(&spec.repo, ["rev-parse", &branch]).await?,
+            };
             found.push((
                 id.to_owned(),
                 Worktree {
                     path: path.clone(),
                     branch,
-                    base_commit: String::new(),
-                    created_branch: false,
+                    base_commit,
+                    // Deleted under `keep = "changes"` only when it has
+                    // nothing beyond `base`: nothing is lost then.
+                    created_branch: true,
                 },
             ));
         }

@@ -61,6 +61,7 @@ pub(super) async fn recover(
         }
     }
     scheduler.recover_runs(&mut report, config.runs.worker_reattach_grace);
+    let saved_workspaces = sweep_workspaces(config, scheduler).await;
     info!(
         store = %described,
         agents = report.agents,
@@ -69,9 +70,74 @@ pub(super) async fn recover(
         retried = report.retried,
         held_for_workers = report.held_for_workers.len(),
         stopped_programs,
+        saved_workspaces,
         events = report.events,
         took_ms = started.elapsed().as_millis() as u64,
         "store opened and state recovered"
     );
     Ok(Some(writer))
+}
+
+/// Worktrees a crash left behind (the server killed with their runs): each
+/// one whose agent will not run again — ended by the recovery, or no longer
+/// retained — is committed to its branch and removed, and the agent gets its
+/// `workspace` (a WORKSPACE_SAVED event). A run queued again after the
+/// restart takes its own worktree back when it starts. Returns how many
+/// were saved.
+async fn sweep_workspaces(config: &Config, scheduler: &Scheduler) -> usize {
+    use crate::runner::workspace::{Spec, Workspaces};
+    use crate::scheduler::run::CoreReports;
+
+    let workspaces = Workspaces::new();
+    let default_root = config.store.path.join("worktrees");
+    let mut seen = std::collections::HashSet::new();
+    let mut saved_count = 0;
+    for (name, agent_type) in &config.agents {
+        let Some(spec) = Spec::of(agent_type, Some(&default_root)) else {
+            continue;
+        };
+        // Types sharing a repository and root share their worktrees.
+        if !seen.insert((spec.repo.clone(), spec.root.clone())) {
+            continue;
+        }
+        let left = match workspaces.list(&spec).await {
+            Ok(left) => left,
+            Err(e) => {
+                warn!(agent = %name, error = %e, "listing the worktrees a crash left failed");
+                continue;
+            }
+        };
+        for (id, worktree) in left {
+            let Ok(agent_id) = id.parse::<uuid::Uuid>() else {
+                continue;
+            };
+            let view = scheduler.inspect(|c| c.view(agent_id));
+            if view.as_ref().is_some_and(|v| !v.status.is_terminal()) {
+                continue;
+            }
+            let description = view.as_ref().map_or("", |v| &*v.description);
+            match workspaces.save(&spec, &worktree, &id, description).await {
+                Ok(saved) => {
+                    info!(agent_id = %id, branch = %saved.branch, kept = saved.kept, "saved a worktree the crash left");
+                    saved_count += 1;
+                    if view.is_some() {
+                        let workspace = crate::scheduler::Workspace {
+                            branch: saved.branch,
+                            kept: saved.kept,
+                            base_commit: saved.base_commit,
+                            head_commit: saved.head_commit,
+                            files_changed: saved.files_changed,
+                            insertions: saved.insertions,
+                            deletions: saved.deletions,
+                        };
+                        scheduler.set_workspace(agent_id, workspace).await;
+                    }
+                }
+                Err(e) => {
+                    warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving a worktree the crash left failed");
+                }
+            }
+        }
+    }
+    saved_count
 }
