@@ -540,3 +540,25 @@ async fn a_worktree_a_crash_left_is_saved_at_the_restart() {
     assert!(!repo.root().join(&agent.id).exists());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_worktree_past_max_workspace_bytes_fails_its_run_with_workspace_full() {
+    let repo = Repo::new();
+    let script = repo.script(
+        "grow.sh",
+        "head -c 2000000 /dev/zero > big.bin\necho grown\nexec sleep 60\n",
+    );
+    let mut s = repo.server(&script, "max_workspace_bytes = 1000000").await;
+    let agent = spawn(&mut s.client, coder("go", false)).await;
+    assert_eq!(status(&agent), pb::AgentStatus::Failed, "{agent:?}");
+    let error = agent.error.clone().expect("an error");
+    assert_eq!(error.code, "WORKSPACE_FULL", "{error:?}");
+    assert!(
+        error.message.contains("max_workspace_bytes = 1000000"),
+        "{error:?}"
+    );
+    // Cleaned up like any other ending: the work is on its branch.
+    let workspace = agent.workspace.expect("saved before the run ended");
+    assert_eq!(workspace.files_changed, 1);
+    assert!(repo.worktrees().is_empty());
+}

@@ -57,6 +57,34 @@ pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
 pub const CODE_SPAWN_FAILED: &str = "SPAWN_FAILED";
 /// Error code of a run whose worktree could not be created.
 pub const CODE_WORKSPACE_FAILED: &str = "WORKSPACE_FAILED";
+/// Error code of a run whose worktree grew past `max_workspace_bytes`.
+pub const CODE_WORKSPACE_FULL: &str = "WORKSPACE_FULL";
+/// How often a run's worktree is measured against `max_workspace_bytes`.
+const WORKSPACE_SIZE_CHECK: Duration = Duration::from_secs(2);
+
+/// The bytes of the files in a worktree, outside its `.git` (a file there
+/// that points at the repository). Symbolic links count as themselves.
+fn worktree_bytes(root: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if dir == root && entry.file_name() == ".git" {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
 
 /// See the module docs.
 #[derive(Debug, Clone, Default)]
@@ -248,6 +276,10 @@ async fn run_command(
     // Output past the cap is not reported, but it is still activity: say so
     // at most once a second so the run is not taken for stale.
     let mut last_alive = tokio::time::Instant::now();
+    // `max_workspace_bytes`: the worktree's size, checked every few seconds.
+    let size_limit = workspace.as_ref().and(cfg.max_workspace_bytes);
+    let mut size_checks = tokio::time::interval(WORKSPACE_SIZE_CHECK);
+    let mut full = None;
     while stdout_open || exit.is_none() {
         tokio::select! {
             // Not cancel-safe on its own: when another branch wins, the bytes
@@ -291,9 +323,33 @@ async fn run_command(
                 // group is stopped, which also lets its output end.
                 group.stop();
             },
+            _ = size_checks.tick(), if size_limit.is_some() => {
+                let (Some(limit), Some(ws)) = (size_limit, &workspace) else { continue };
+                let path = ws.worktree.path.clone();
+                let size = tokio::task::spawn_blocking(move || worktree_bytes(&path))
+                    .await
+                    .unwrap_or(0);
+                if size > limit {
+                    full = Some((size, limit));
+                    group.stop();
+                    break;
+                }
+            },
         }
     }
     drop(steer_tx);
+    if let Some((size, limit)) = full {
+        // Reaped, so the group can be seen gone; then saved like any other
+        // ending.
+        let _ = child.wait().await;
+        if let Some(workspace) = workspace.take() {
+            workspace.save().await;
+        }
+        return Err(AgentError::new(
+            CODE_WORKSPACE_FULL,
+            format!("the worktree grew to {size} bytes, past max_workspace_bytes = {limit}"),
+        ));
+    }
     if let Some(session) = session_file.read() {
         run.reporter.session(&session);
     }
@@ -429,8 +485,9 @@ async fn save_when_gone(
     pgid: Option<i32>,
     reporter: super::RunReporter,
 ) -> Option<Saved> {
+    // A zombie still counts for `killpg`: gone means no live member.
     if let Some(pgid) = pgid {
-        while !group_gone(pgid) {
+        while group_has_live_member(pgid) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
