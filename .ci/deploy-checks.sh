@@ -828,6 +828,18 @@ EXCLUDED = {
         # A file in the pod: the chart reads the JWKS from auth.jwt.jwksUrl
         # ([auth.jwt] jwks_url, rendered); jwks_file and jwks_url exclude each other.
         "auth.jwt.jwks_file",
+        # Workspaces need the git repository on the pod's own filesystem
+        # (a volume with a checkout the pod may write to): the chart offers
+        # none yet, so a workspace type is configured by hand (docs/workspaces.md).
+        "agents.*.workspace",
+        "agents.*.repo",
+        "agents.*.base",
+        "agents.*.branch_prefix",
+        "agents.*.keep",
+        "agents.*.root",
+        "agents.*.commit_author",
+        "agents.*.commit_message",
+        "agents.*.max_workspace_bytes",
     },
     "worker": {
         # Per pod, not per deployment: the default (host name and pid) differs
@@ -843,6 +855,18 @@ EXCLUDED = {
         # A worker serves no metrics: the chart renders metrics_listen = "".
         "telemetry.metrics_token_file",
         "telemetry.metrics_tls",
+        # Workspaces need the git repository on the pod's own filesystem
+        # (a volume with a checkout the pod may write to): the chart offers
+        # none yet, so a workspace type is configured by hand (docs/workspaces.md).
+        "agents.*.workspace",
+        "agents.*.repo",
+        "agents.*.base",
+        "agents.*.branch_prefix",
+        "agents.*.keep",
+        "agents.*.root",
+        "agents.*.commit_author",
+        "agents.*.commit_message",
+        "agents.*.max_workspace_bytes",
     },
 }
 # Sections keyed by a name the operator picks: [agents.NAME], [tenants.NAME], ...

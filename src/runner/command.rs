@@ -179,6 +179,20 @@ impl CommandRunner {
 
 impl Runner for CommandRunner {
     fn run(&self, run: Run) -> BoxFuture<'static, RunOutcome> {
+        // A worktree type with nowhere to put worktrees (a `subagentd
+        // worker`, which has no data directory, without `root`) must not
+        // run in the shared checkout instead.
+        if run.agent_type.workspace == crate::config::WorkspaceKind::Worktree
+            && run.agent_type.root.is_none()
+            && self.worktree_root.is_none()
+        {
+            return Box::pin(async {
+                Err(AgentError::new(
+                    CODE_WORKSPACE_FAILED,
+                    "workspace = \"worktree\" needs `root` here (a worker has no data directory)",
+                ))
+            });
+        }
         let workspace =
             Spec::of(&run.agent_type, self.worktree_root.as_deref()).map(|spec| WorkspaceCtx {
                 workspaces: self.workspaces.clone(),
