@@ -166,6 +166,53 @@ impl Repo {
             .collect()
     }
 
+    /// `git worktree list` shows exactly the worktrees of `live` runs.
+    fn assert_live_worktrees(&self, live: &[&str]) {
+        let mut want: Vec<String> = live
+            .iter()
+            .map(|id| {
+                self.root()
+                    .canonicalize()
+                    .unwrap()
+                    .join(id)
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        let mut have: Vec<String> = self
+            .worktrees()
+            .iter()
+            .map(|p| Path::new(p).canonicalize().unwrap().display().to_string())
+            .collect();
+        want.sort();
+        have.sort();
+        assert_eq!(have, want, "git worktree list shows only the live runs");
+    }
+
+    /// Commits a change of `file` on a new branch `branch` off `main`,
+    /// leaving `main` checked out; the new commit.
+    fn commit_on_branch(&self, branch: &str, file: &str) -> String {
+        let repo = self.repo();
+        git(&repo, &["checkout", "--quiet", "-b", branch]);
+        std::fs::write(repo.join(file), format!("{branch}\n")).unwrap();
+        git(&repo, &["add", "--all"]);
+        git(
+            &repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "--quiet",
+                "-m",
+                branch,
+            ],
+        );
+        git(&repo, &["checkout", "--quiet", "main"]);
+        git(&repo, &["rev-parse", branch])
+    }
+
     fn branches(&self) -> Vec<String> {
         git(
             &self.repo(),
@@ -320,6 +367,7 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
     )
     .await;
     wait_for(&mut events, |ev| ev.output.contains("started")).await;
+    repo.assert_live_worktrees(&[&agent.id]);
     cancel(&mut s.client, &agent.id).await;
     // The agent ends at once, without its workspace; the workspace follows
     // once the process group is gone and the work is committed.
@@ -346,7 +394,7 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
         git(&repo.repo(), &["show", &format!("{branch}:wip.txt")]),
         "draft"
     );
-    assert!(repo.worktrees().is_empty());
+    repo.assert_live_worktrees(&[]);
     assert!(!repo.root().join(&agent.id).exists());
 }
 
@@ -512,6 +560,7 @@ async fn a_worktree_a_crash_left_is_saved_at_the_restart() {
     )
     .await;
     wait_for(&mut events, |ev| ev.output.contains("started")).await;
+    repo.assert_live_worktrees(&[&agent.id]);
     server.signal(nix::sys::signal::Signal::SIGKILL);
     server.exit_status().await;
     assert!(
@@ -561,4 +610,348 @@ async fn a_worktree_past_max_workspace_bytes_fails_its_run_with_workspace_full()
     let workspace = agent.workspace.expect("saved before the run ended");
     assert_eq!(workspace.files_changed, 1);
     assert!(repo.worktrees().is_empty());
+}
+
+#[tokio::test]
+async fn workspace_base_starts_the_worktree_there_and_one_the_repository_lacks_is_refused() {
+    let repo = Repo::new();
+    let feature = repo.commit_on_branch("feature", "feature.txt");
+    git(&repo.repo(), &["tag", "v1", "main"]);
+    let script = repo.script("ls.sh", "ls\n");
+    let mut s = repo
+        .server(&script, "\n[agents.plain]\nrunner = \"simulated\"\n")
+        .await;
+    // A branch, a tag and a commit: the worktree starts there.
+    for (base, commit) in [
+        ("feature", feature.clone()),
+        ("v1", git(&repo.repo(), &["rev-parse", "main"])),
+        (feature.as_str(), feature.clone()),
+    ] {
+        let mut req = coder("go", false);
+        req.workspace_base = base.into();
+        let agent = spawn(&mut s.client, req).await;
+        assert_eq!(status(&agent), pb::AgentStatus::Done, "{agent:?}");
+        assert_eq!(agent.workspace.unwrap().base_commit, commit, "{base}");
+        assert_eq!(
+            agent.result.contains("feature.txt"),
+            commit == feature,
+            "{base}: {}",
+            agent.result
+        );
+    }
+    let branches = repo.branches();
+
+    // Refused before anything is created: no agent, branch or worktree.
+    let refused = |base: &str, agent: &str, continue_from: &str| {
+        let mut req = coder("go", true);
+        req.workspace_base = base.into();
+        req.agent = agent.into();
+        req.continue_from = continue_from.into();
+        req
+    };
+    let done = spawn(&mut s.client, coder("first", false)).await;
+    for (req, says) in [
+        (
+            refused("nope", "coder", ""),
+            "names no branch, tag or commit",
+        ),
+        (refused("--orphan", "coder", ""), "must not start with '-'"),
+        (refused("a b", "coder", ""), "whitespace"),
+        (refused("main", "plain", ""), "has no workspace"),
+        (refused("main", "", &done.id), "continue_from"),
+    ] {
+        let err = s.client.spawn(req.clone()).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{req:?}: {err:?}");
+        assert_eq!(violated_fields(&err), ["workspace_base"], "{err:?}");
+        assert!(err.message().contains(says), "{says}: {}", err.message());
+    }
+    let listed = list_all(&mut s.client, pb::StatusRequest::default()).await;
+    assert_eq!(listed.len(), 4, "no agent was created: {listed:?}");
+    assert_eq!(repo.branches(), branches);
+    repo.assert_live_worktrees(&[]);
+}
+
+#[tokio::test]
+async fn a_workspace_base_gone_by_the_time_the_run_starts_fails_it_with_workspace_base_unknown() {
+    let repo = Repo::new();
+    repo.commit_on_branch("short-lived", "x.txt");
+    // The first run holds the model's only slot until stopped.
+    let script = repo.script(
+        "first.sh",
+        "if [ \"$1\" = hold ]; then echo holding; exec sleep 60; fi\necho ran\n",
+    );
+    let mut s = TestServer::start(&format!(
+        "[limits]\nmax_background_agents = 40\nmax_concurrent_per_parent = 0\n\
+         [limits.model_concurrency]\n\"acme/m\" = 1\n\n\
+         [agents.coder]\nrunner = \"command\"\ncommand = [\"sh\", {script:?}, \"{{prompt}}\"]\n\
+         prompt = \"arg\"\nworkspace = \"worktree\"\nrepo = {repo:?}\nroot = {root:?}\nkill_grace = \"200ms\"\n",
+        repo = repo.repo(),
+        root = repo.root(),
+    ))
+    .await;
+    let holder = spawn(&mut s.client, coder("hold", true)).await;
+    let mut events = watch(
+        &mut s.client,
+        pb::WatchAgentsRequest {
+            ids: vec![holder.id.clone()],
+            include_progress: true,
+            include_snapshot: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_for(&mut events, |ev| ev.output.contains("holding")).await;
+    let mut req = coder("go", true);
+    req.workspace_base = "short-lived".into();
+    // Admitted while the branch exists, queued behind the holder ...
+    let queued = spawn(&mut s.client, req).await;
+    assert_eq!(status(&queued), pb::AgentStatus::Queued);
+    repo.assert_live_worktrees(&[&holder.id]);
+    // ... its base is deleted, then it starts: it fails, nothing is left.
+    git(&repo.repo(), &["branch", "--quiet", "-D", "short-lived"]);
+    cancel(&mut s.client, &holder.id).await;
+    let failed = await_all(&mut s.client, &[&queued.id]).await.remove(0);
+    assert_eq!(status(&failed), pb::AgentStatus::Failed, "{failed:?}");
+    let error = failed.error.expect("an error");
+    assert_eq!(error.code, "WORKSPACE_BASE_UNKNOWN", "{error:?}");
+    assert!(error.message.contains("short-lived"), "{error:?}");
+    assert_eq!(failed.workspace, None);
+    wait_for_event(&mut events, &holder.id, Kind::WorkspaceSaved).await;
+    repo.assert_live_worktrees(&[]);
+    assert!(!repo
+        .branches()
+        .contains(&format!("subagentd/{}", failed.id)));
+}
+
+/// `subagentd worker` with the workspace type `coder` running `script`.
+mod on_a_worker {
+    use super::*;
+    use common::child::{ChildServer, ChildWorker};
+
+    const SERVER: &str = "[limits]\nmax_background_agents = 40\ndefault_concurrency = 0\n\
+                          max_concurrent_per_parent = 0\n\n[agents.coder]\nrunner = \"worker\"\n";
+
+    fn worker_toml(repo: &Repo, script: &str) -> String {
+        format!(
+            "[worker]\nname = \"w1\"\ncapacity = 4\n\n[agents.coder]\nrunner = \"command\"\n\
+             command = [\"sh\", {script:?}]\nworkspace = \"worktree\"\nrepo = {repo:?}\n\
+             root = {root:?}\nkill_grace = \"200ms\"\n",
+            repo = repo.repo(),
+            root = repo.root(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_worker_runs_each_run_in_a_worktree_on_its_host_and_reports_the_workspace() {
+        let repo = Repo::new();
+        let feature = repo.commit_on_branch("feature", "feature.txt");
+        // EDITS, unless the prompt asks it to wait.
+        let script = repo.script(
+            "work.sh",
+            &format!(
+                "read -r prompt\nif [ \"$prompt\" = wait ]; then echo draft > wip.txt; echo started; \
+                 exec sleep 60; fi\n{EDITS}ls\n"
+            ),
+        );
+        let server = ChildServer::start(SERVER, &[]).await;
+        let _worker = ChildWorker::start(&server.addr, &worker_toml(&repo, &script)).await;
+        let mut client = server.client().await;
+
+        // Ends by itself: committed before its terminal event.
+        let done = spawn(&mut client, coder("go", false)).await;
+        assert_eq!(status(&done), pb::AgentStatus::Done, "{done:?}");
+        let workspace = done.workspace.clone().expect("the worker reported it");
+        let branch = format!("subagentd/{}", done.id);
+        assert_eq!(
+            (
+                workspace.branch.as_str(),
+                workspace.kept,
+                workspace.files_changed,
+                workspace.insertions,
+                workspace.deletions
+            ),
+            (branch.as_str(), true, 3, 3, 2)
+        );
+        assert_eq!(
+            workspace.head_commit,
+            git(&repo.repo(), &["rev-parse", &branch])
+        );
+        repo.assert_live_worktrees(&[]);
+
+        // Spawn's workspace_base; one the worker's repository lacks fails
+        // the run (the server cannot check it).
+        let mut req = coder("go", false);
+        req.workspace_base = "feature".into();
+        let based = spawn(&mut client, req).await;
+        assert_eq!(based.workspace.clone().unwrap().base_commit, feature);
+        assert!(based.result.contains("feature.txt"), "{}", based.result);
+        let mut req = coder("go", false);
+        req.workspace_base = "nope".into();
+        let unknown = spawn(&mut client, req).await;
+        assert_eq!(status(&unknown), pb::AgentStatus::Failed);
+        assert_eq!(unknown.error.unwrap().code, "WORKSPACE_BASE_UNKNOWN");
+        assert_eq!(unknown.workspace, None);
+
+        // A continuation goes on on the continued agent's branch.
+        let mut next = coder("go", false);
+        next.agent = String::new();
+        next.model = String::new();
+        next.continue_from = done.id.clone();
+        let second = spawn(&mut client, next).await;
+        let second_ws = second.workspace.expect("saved");
+        assert_eq!(second_ws.branch, branch);
+        assert_eq!(second_ws.base_commit, workspace.head_commit);
+
+        // Stopped by the server: ends at once, the workspace follows.
+        let waiting = spawn(&mut client, coder("wait", true)).await;
+        let mut events = watch(
+            &mut client,
+            pb::WatchAgentsRequest {
+                ids: vec![waiting.id.clone()],
+                include_progress: true,
+                include_snapshot: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        wait_for(&mut events, |ev| ev.output.contains("started")).await;
+        repo.assert_live_worktrees(&[&waiting.id]);
+        cancel(&mut client, &waiting.id).await;
+        let cancelled = wait_for_event(&mut events, &waiting.id, Kind::Cancelled).await;
+        assert_eq!(cancelled.agent.unwrap().workspace, None);
+        let saved = wait_for_event(&mut events, &waiting.id, Kind::WorkspaceSaved).await;
+        let saved = saved
+            .agent
+            .unwrap()
+            .workspace
+            .expect("the event carries it");
+        assert_eq!((saved.kept, saved.files_changed), (true, 1));
+        assert_eq!(
+            git(
+                &repo.repo(),
+                &["show", &format!("subagentd/{}:wip.txt", waiting.id)]
+            ),
+            "draft"
+        );
+        repo.assert_live_worktrees(&[]);
+    }
+
+    #[tokio::test]
+    async fn a_killed_worker_s_worktrees_are_saved_when_it_starts_again() {
+        let repo = Repo::new();
+        let script = repo.script(
+            "long.sh",
+            "echo draft > wip.txt\necho \"pid=$$\"\nexec sleep 60\n",
+        );
+        let server = ChildServer::start(SERVER, &[]).await;
+        let worker = ChildWorker::start(&server.addr, &worker_toml(&repo, &script)).await;
+        let mut client = server.client().await;
+        let agent = spawn(&mut client, coder("go", true)).await;
+        let mut events = watch(
+            &mut client,
+            pb::WatchAgentsRequest {
+                ids: vec![agent.id.clone()],
+                include_progress: true,
+                include_snapshot: true,
+                ..Default::default()
+            },
+        )
+        .await;
+        let started = wait_for(&mut events, |ev| ev.output.contains("pid=")).await;
+        let pid: i32 = started
+            .output
+            .trim()
+            .trim_start_matches("pid=")
+            .parse()
+            .unwrap();
+        repo.assert_live_worktrees(&[&agent.id]);
+        worker.signal(nix::sys::signal::Signal::SIGKILL);
+        worker.exit_status().await;
+        // The server loses the worker and fails the run; the program
+        // outlived its worker, in its worktree.
+        let lost = wait_for_event(&mut events, &agent.id, Kind::Failed).await;
+        assert_eq!(lost.agent.unwrap().error.unwrap().code, "WORKER_LOST");
+        assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
+        repo.assert_live_worktrees(&[&agent.id]);
+
+        // Started again with the same root: the program is stopped, the
+        // work committed to the branch, the worktree removed, and the
+        // server told.
+        let _worker = ChildWorker::start(&server.addr, &worker_toml(&repo, &script)).await;
+        let saved = wait_for_event(&mut events, &agent.id, Kind::WorkspaceSaved).await;
+        let workspace = saved
+            .agent
+            .unwrap()
+            .workspace
+            .expect("the event carries it");
+        let branch = format!("subagentd/{}", agent.id);
+        assert_eq!(
+            (workspace.branch.as_str(), workspace.kept),
+            (branch.as_str(), true)
+        );
+        assert_eq!(
+            git(&repo.repo(), &["show", &format!("{branch}:wip.txt")]),
+            "draft"
+        );
+        assert_eq!(
+            status_of(&mut client, &agent.id).await.workspace,
+            Some(workspace)
+        );
+        repo.assert_live_worktrees(&[]);
+        assert!(!repo.root().join(&agent.id).exists());
+        assert!(!repo.root().join(format!("{}.group", agent.id)).exists());
+        // Gone, or a zombie nobody reaped yet.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty()
+                || stat
+                    .rsplit_once(") ")
+                    .is_some_and(|(_, r)| r.starts_with('Z')),
+            "the orphaned program was stopped: {stat}"
+        );
+    }
+
+    #[test]
+    fn a_worker_whose_repo_is_no_git_repository_does_not_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("w.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[agents.coder]\nrunner = \"command\"\ncommand = [\"true\"]\n\
+                 workspace = \"worktree\"\nrepo = {repo:?}\nroot = {root:?}\n",
+                repo = dir.path(),
+                root = dir.path().join("wt"),
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+            .args(["worker", "--server", "127.0.0.1:1", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("agents.coder.repo"), "{stderr}");
+        assert!(stderr.contains("not a git repository"), "{stderr}");
+
+        // Without `root` the config itself is refused.
+        std::fs::write(
+            &config,
+            format!(
+                "[agents.coder]\nrunner = \"command\"\ncommand = [\"true\"]\n\
+                 workspace = \"worktree\"\nrepo = {repo:?}\n",
+                repo = dir.path(),
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_subagentd"))
+            .args(["worker", "--server", "127.0.0.1:1", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("agents.coder.root"), "{stderr}");
+    }
 }

@@ -104,18 +104,24 @@ impl AgentService for AgentServiceImpl {
             .get::<CallDeadline>()
             .map(CallDeadline::passes_at);
         let principal = auth::principal(&request);
-        let spawned = match wire::parse_spawn(request.into_inner()) {
-            Ok(mut spec) => {
-                spec.trace = trace;
-                spec.tenant = principal.tenant.clone();
-                if spec.background {
-                    self.scheduler.spawn(spec).await
-                } else {
-                    self.scheduler.spawn_foreground(spec, deadline).await
+        let spawned = async {
+            let mut spec = wire::parse_spawn(request.into_inner())?;
+            spec.trace = trace;
+            spec.tenant = principal.tenant.clone();
+            if let Some(base) = &spec.workspace_base {
+                // The scheduler runs no git: the ref is checked here, so
+                // nothing is created for one the repository lacks.
+                if let Some(agent_type) = self.scheduler.agent_type(&spec.agent) {
+                    crate::runner::workspace::check_base(&agent_type, base).await?;
                 }
             }
-            Err(e) => Err(e),
-        };
+            if spec.background {
+                self.scheduler.spawn(spec).await
+            } else {
+                self.scheduler.spawn_foreground(spec, deadline).await
+            }
+        }
+        .await;
         let agent = spawned
             .inspect_err(|e| self.metrics.spawn_rejected(&principal.tenant, reason_of(e)))?;
         Ok(Response::new(pb::SpawnResponse {

@@ -200,6 +200,7 @@ fn worker_event_name(event: &crate::scheduler::WorkerEvent) -> &'static str {
         E::Usage(_) => "usage",
         E::ApprovalRequest { .. } => "approval_request",
         E::TurnStarted => "turn_started",
+        E::Workspace(_) => "workspace",
         E::Done { .. } => "done",
         E::Failed { .. } => "failed",
     }

@@ -87,6 +87,10 @@ pub struct SpawnArgs {
     /// Do not cancel the agent when its parent ends.
     #[arg(long)]
     pub detached: bool,
+    /// For an agent type with a workspace: the branch, tag or commit the
+    /// run's worktree starts at, instead of the type's `base`.
+    #[arg(long, value_name = "REF", conflicts_with = "continue_from")]
+    pub workspace_base: Option<String>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -124,6 +128,7 @@ impl SpawnArgs {
             detached: self.detached,
             continue_from: self.continue_from.clone().unwrap_or_default(),
             fork: self.fork,
+            workspace_base: self.workspace_base.clone().unwrap_or_default(),
         }
     }
 }
@@ -535,6 +540,7 @@ mod tests {
                 detached: true,
                 continue_from: String::new(),
                 fork: false,
+                workspace_base: String::new(),
             }
         );
     }

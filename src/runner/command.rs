@@ -41,7 +41,7 @@ use tokio::{
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::workspace::{Saved, Spec, Start, Workspaces, Worktree};
+use super::workspace::{Saved, Spec, Start, WorkspaceError, Workspaces, Worktree};
 use super::{Run, RunOutcome, Runner};
 use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
 use crate::scheduler::{
@@ -57,6 +57,10 @@ pub const STDERR_TAIL_BYTES: usize = 64 * 1024;
 pub const CODE_SPAWN_FAILED: &str = "SPAWN_FAILED";
 /// Error code of a run whose worktree could not be created.
 pub const CODE_WORKSPACE_FAILED: &str = "WORKSPACE_FAILED";
+/// Error code of a run whose Spawn's `workspace_base` names no commit of
+/// the repository (checked by a worker, which the server cannot see into,
+/// or a ref deleted while the agent was queued).
+pub const CODE_WORKSPACE_BASE_UNKNOWN: &str = "WORKSPACE_BASE_UNKNOWN";
 /// Error code of a run whose worktree grew past `max_workspace_bytes`.
 pub const CODE_WORKSPACE_FULL: &str = "WORKSPACE_FULL";
 /// How often a run's worktree is measured against `max_workspace_bytes`.
@@ -421,23 +425,31 @@ impl RunWorkspace {
             .continuation
             .as_ref()
             .is_some_and(|c| c.conversation_id == run.agent.id);
-        let start = match &run.continues_workspace {
-            Some(w) if w.kept && !fork => Start::Branch {
+        let start = match (&run.continues_workspace, &run.workspace_base) {
+            (Some(w), _) if w.kept && !fork => Start::Branch {
                 branch: w.branch.clone(),
                 head: w.head_commit.clone(),
             },
-            Some(w) => Start::Commit(w.head_commit.clone()),
-            None => Start::Ref(ctx.spec.base.clone()),
+            (Some(w), _) => Start::Commit(w.head_commit.clone()),
+            (None, Some(base)) => Start::Ref(base.to_string()),
+            (None, None) => Start::Ref(ctx.spec.base.clone()),
         };
         let worktree = ctx
             .workspaces
             .create(&ctx.spec, &id, &start)
             .await
-            .map_err(|e| {
-                AgentError::new(
+            .map_err(|e| match (e, &run.workspace_base) {
+                (WorkspaceError::UnknownRef(_), Some(base)) => AgentError::new(
+                    CODE_WORKSPACE_BASE_UNKNOWN,
+                    format!(
+                        "workspace_base {base:?} names no commit in {}",
+                        ctx.spec.repo.display()
+                    ),
+                ),
+                (e, _) => AgentError::new(
                     CODE_WORKSPACE_FAILED,
                     format!("creating the run's worktree failed: {e}"),
-                )
+                ),
             })?;
         Ok(Self {
             ctx,
@@ -450,26 +462,23 @@ impl RunWorkspace {
         })
     }
 
-    async fn save(mut self) -> Option<Saved> {
-        self.saved = true;
-        save_when_gone(
-            self.ctx.workspaces.clone(),
-            self.ctx.spec.clone(),
-            self.worktree.clone(),
-            std::mem::take(&mut self.id),
-            std::mem::take(&mut self.description),
-            self.pgid,
-            self.reporter.clone(),
-        )
-        .await
-    }
-}
-
-impl Drop for RunWorkspace {
-    fn drop(&mut self) {
-        if self.saved {
-            return;
+    /// Saves the worktree at the run's own end, before the run reports it.
+    /// The save is a task of its own: a run stopped meanwhile (its future
+    /// dropped) does not cut a commit short.
+    async fn save(mut self) {
+        if let Some(saving) = self.start_saving() {
+            let _ = saving.await;
         }
+    }
+
+    /// Starts saving the worktree (once) in a tracked task, which shutdown
+    /// waits for. None without a runtime: the process is exiting, and a
+    /// restart's recovery saves what is left.
+    fn start_saving(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        if std::mem::replace(&mut self.saved, true) {
+            return None;
+        }
+        tokio::runtime::Handle::try_current().ok()?;
         let saving = save_when_gone(
             self.ctx.workspaces.clone(),
             self.ctx.spec.clone(),
@@ -479,11 +488,13 @@ impl Drop for RunWorkspace {
             self.pgid,
             self.reporter.clone(),
         );
-        // Without a runtime the process is exiting: a restart's recovery
-        // saves what is left.
-        if tokio::runtime::Handle::try_current().is_ok() {
-            self.ctx.saving.spawn(saving);
-        }
+        Some(self.ctx.saving.spawn(saving))
+    }
+}
+
+impl Drop for RunWorkspace {
+    fn drop(&mut self) {
+        self.start_saving();
     }
 }
 
@@ -498,7 +509,7 @@ async fn save_when_gone(
     description: String,
     pgid: Option<i32>,
     reporter: super::RunReporter,
-) -> Option<Saved> {
+) {
     // A zombie still counts for `killpg`: gone means no live member.
     if let Some(pgid) = pgid {
         while group_has_live_member(pgid) {
@@ -517,22 +528,10 @@ async fn save_when_gone(
                 deletions = saved.deletions,
                 "workspace saved"
             );
-            reporter
-                .workspace(crate::scheduler::Workspace {
-                    branch: saved.branch.clone(),
-                    kept: saved.kept,
-                    base_commit: saved.base_commit.clone(),
-                    head_commit: saved.head_commit.clone(),
-                    files_changed: saved.files_changed,
-                    insertions: saved.insertions,
-                    deletions: saved.deletions,
-                })
-                .await;
-            Some(saved)
+            reporter.workspace(saved.into()).await;
         }
         Err(e) => {
             warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving the workspace failed");
-            None
         }
     }
 }
@@ -610,6 +609,18 @@ async fn start(
         let recorded = match start_ticks(pgid) {
             Some(start_ticks) => {
                 let group = ProcessGroup { pgid, start_ticks };
+                // Beside its worktree too, for whoever finds the worktree
+                // after a crash (a worker records nowhere else).
+                if let Some(worktree) = worktree {
+                    if let Err(e) = super::workspace::write_group(&worktree.path, group) {
+                        return Err(AgentError::new(
+                            CODE_WORKSPACE_FAILED,
+                            format!(
+                                "not started: recording the program's process group failed: {e}"
+                            ),
+                        ));
+                    }
+                }
                 run.reporter.process_group(group).await.is_ok()
             }
             None => true,
@@ -1077,6 +1088,41 @@ fn start_ticks(pid: i32) -> Option<u64> {
     // fields after it start after the last ')'; starttime is the 20th.
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Worktrees a crash left under `spec.root` (of the server, or of a worker
+/// host): each one whose agent `settled` says will not run again (it
+/// returns the agent's description for the commit message) is saved — a
+/// program still running in it is stopped first (SIGTERM, SIGKILL after
+/// `grace`), then its changes are committed to its branch and the worktree
+/// is removed and pruned. Returns the saved ones by agent id.
+pub async fn sweep_worktrees(
+    workspaces: &Workspaces,
+    spec: &Spec,
+    grace: Duration,
+    settled: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, Saved)>, WorkspaceError> {
+    let mut saved = Vec::new();
+    for (id, worktree) in workspaces.list(spec).await? {
+        let Some(description) = settled(&id) else {
+            continue;
+        };
+        if let Some(group) = super::workspace::read_group(&worktree.path) {
+            if stop_orphaned_group(group, grace).await {
+                info!(agent_id = %id, pgid = group.pgid, "stopped a program that outlived its run");
+            }
+        }
+        match workspaces.save(spec, &worktree, &id, &description).await {
+            Ok(s) => {
+                info!(agent_id = %id, branch = %s.branch, kept = s.kept, "saved a worktree a crash left");
+                saved.push((id, s));
+            }
+            Err(e) => {
+                warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving a worktree a crash left failed");
+            }
+        }
+    }
+    Ok(saved)
 }
 
 /// At recovery: stops a command run's process group that outlived a crash

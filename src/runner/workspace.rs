@@ -20,6 +20,8 @@ use std::{
 
 use tokio::process::Command;
 
+use crate::scheduler::durable::ProcessGroup;
+
 use crate::config::{
     AgentTypeConfig, KeepBranch, WorkspaceKind, DEFAULT_BRANCH_PREFIX, DEFAULT_COMMIT_AUTHOR,
     DEFAULT_COMMIT_MESSAGE,
@@ -133,6 +135,47 @@ pub struct Saved {
     pub files_changed: u32,
     pub insertions: u32,
     pub deletions: u32,
+}
+
+impl From<Saved> for crate::scheduler::Workspace {
+    fn from(saved: Saved) -> Self {
+        Self {
+            branch: saved.branch,
+            kept: saved.kept,
+            base_commit: saved.base_commit,
+            head_commit: saved.head_commit,
+            files_changed: saved.files_changed,
+            insertions: saved.insertions,
+            deletions: saved.deletions,
+        }
+    }
+}
+
+/// The file beside a worktree that names the process group running in it
+/// (`<root>/<agent id>.group`), written before the program runs and removed
+/// with the worktree: whoever finds the worktree after a crash (the server,
+/// or `subagentd worker` started again) stops a program that outlived it
+/// before saving its work.
+pub fn group_file(worktree: &Path) -> PathBuf {
+    worktree.with_extension("group")
+}
+
+/// Records `group` as the one running in `worktree`.
+pub fn write_group(worktree: &Path, group: ProcessGroup) -> std::io::Result<()> {
+    std::fs::write(
+        group_file(worktree),
+        format!("{} {}\n", group.pgid, group.start_ticks),
+    )
+}
+
+/// The process group recorded for `worktree`, if any.
+pub fn read_group(worktree: &Path) -> Option<ProcessGroup> {
+    let text = std::fs::read_to_string(group_file(worktree)).ok()?;
+    let (pgid, ticks) = text.trim().split_once(' ')?;
+    Some(ProcessGroup {
+        pgid: pgid.parse().ok()?,
+        start_ticks: ticks.parse().ok()?,
+    })
 }
 
 /// A git command that failed, or a ref git does not know.
@@ -303,6 +346,7 @@ impl Workspaces {
             .await?,
         );
         remove_worktree(&spec.repo, wt).await?;
+        let _ = std::fs::remove_file(group_file(wt));
         let kept = match spec.keep {
             Keep::Always => true,
             Keep::Never => false,
@@ -436,6 +480,34 @@ async fn remove_worktree(repo: &Path, path: &Path) -> Result<(), WorkspaceError>
     }
     git(repo, ["worktree", "prune"]).await?;
     Ok(())
+}
+
+/// Spawn's `workspace_base` for an in-process agent type: the repository
+/// must have a commit by that name, or the Spawn is refused before anything
+/// is created (INVALID_ARGUMENT naming the field). A type without a
+/// workspace is the scheduler's to refuse, a worker type the worker's.
+pub async fn check_base(
+    agent_type: &AgentTypeConfig,
+    base: &str,
+) -> Result<(), crate::scheduler::Error> {
+    let Some(repo) = agent_type.repo.as_deref() else {
+        return Ok(());
+    };
+    if agent_type.workspace != WorkspaceKind::Worktree {
+        return Ok(());
+    }
+    match Workspaces::new().resolve(repo, base).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(crate::scheduler::Error::invalid(
+            "workspace_base",
+            match e {
+                WorkspaceError::UnknownRef(_) => format!(
+                    "{base:?} names no branch, tag or commit of the agent type's repository"
+                ),
+                e => format!("{base:?} could not be checked: {e}"),
+            },
+        )),
+    }
 }
 
 /// Checks that `repo` is a git repository (the server refuses to start

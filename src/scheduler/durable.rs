@@ -34,6 +34,8 @@ pub struct AgentState {
     pub steer_buffer: Vec<String>,
     /// Deduplication key of its Spawn.
     pub idempotency_key: Option<Arc<str>>,
+    /// Its Spawn's `workspace_base`.
+    pub workspace_base: Option<Arc<str>>,
     /// The run's span id in `view.trace_id`, and whether it is sampled.
     pub span_id: u64,
     /// Whether the run's trace is sampled.

@@ -49,6 +49,9 @@ pub struct Run {
     /// A continuation's history: the earlier turns of its conversation
     /// (None for a conversation's first turn).
     pub history: Option<Arc<History>>,
+    /// Spawn's `workspace_base`: where the run's worktree starts instead
+    /// of its type's `base`.
+    pub workspace_base: Option<Arc<str>>,
     /// A continuation or fork of an agent whose workspace was saved: that
     /// workspace, where this run's worktree starts (None otherwise).
     pub continues_workspace: Option<Arc<Workspace>>,
@@ -132,6 +135,9 @@ pub trait RemoteReports: Send + Sync + 'static {
     fn usage(&self, usage: Usage);
     /// The run's own session, sent with its terminal report.
     fn session(&self, session: &str);
+    /// The run's workspace was saved: before the terminal report for a run
+    /// that ends by itself, after it for a stopped one.
+    fn workspace(&self, workspace: &Workspace);
     /// The run starts a turn.
     fn turn_started(&self);
     /// The failure the run is about to return is a retryable provider
@@ -201,10 +207,11 @@ impl RunReporter {
     /// reports it before it returns, so its terminal event carries it; a
     /// stopped run's reporter (kept by whoever saves the worktree) reports
     /// it after the agent ended, which announces it with a WORKSPACE_SAVED
-    /// event. Resolves once durable. A worker process reports nothing yet.
+    /// event. Resolves once durable (in a worker process: once sent).
     pub async fn workspace(&self, workspace: Workspace) {
-        if let ReportSink::Core(core) = &self.sink {
-            core.set_workspace(self.id, workspace).await;
+        match &self.sink {
+            ReportSink::Core(core) => core.set_workspace(self.id, workspace).await,
+            ReportSink::Remote(r) => r.workspace(&workspace),
         }
     }
 

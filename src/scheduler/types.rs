@@ -357,6 +357,11 @@ pub struct SpawnSpec {
     pub continue_from: Option<AgentId>,
     /// With `continue_from`: a new conversation from a copy of the history.
     pub fork: bool,
+    /// Where the run's worktree starts instead of its type's `base` (types
+    /// with a workspace only). Whether the repository has it is checked
+    /// before the Spawn reaches the scheduler (or, on a worker, at the
+    /// run's start).
+    pub workspace_base: Option<String>,
 }
 
 /// Filters of Status and WatchAgents; unset fields match everything.

@@ -125,6 +125,10 @@ pub struct Assignment {
     pub trace: super::trace::TraceContext,
     /// A continuation's history: the earlier turns of its conversation.
     pub history: Option<Arc<super::conversation::History>>,
+    /// Spawn's `workspace_base`: where the run's worktree starts.
+    pub workspace_base: Option<Arc<str>>,
+    /// The workspace of the agent a continuation or fork continues.
+    pub continues_workspace: Option<Arc<super::types::Workspace>>,
 }
 
 /// What a worker reports about one of its runs.
@@ -150,6 +154,8 @@ pub enum WorkerEvent {
     },
     /// The run starts a turn (`[agents.NAME] max_turns`).
     TurnStarted,
+    /// The run's workspace was saved; may come after the run ended.
+    Workspace(super::types::Workspace),
     /// Finished with a result (terminal).
     Done {
         /// The result.

@@ -85,7 +85,10 @@ pub(super) async fn recover(
 /// restart takes its own worktree back when it starts. Returns how many
 /// were saved.
 async fn sweep_workspaces(config: &Config, scheduler: &Scheduler) -> usize {
-    use crate::runner::workspace::{Spec, Workspaces};
+    use crate::runner::{
+        command::sweep_worktrees,
+        workspace::{Spec, Workspaces},
+    };
     use crate::scheduler::run::CoreReports;
 
     let workspaces = Workspaces::new();
@@ -100,42 +103,28 @@ async fn sweep_workspaces(config: &Config, scheduler: &Scheduler) -> usize {
         if !seen.insert((spec.repo.clone(), spec.root.clone())) {
             continue;
         }
-        let left = match workspaces.list(&spec).await {
-            Ok(left) => left,
-            Err(e) => {
-                warn!(agent = %name, error = %e, "listing the worktrees a crash left failed");
-                continue;
+        let settled = |id: &str| {
+            let Ok(agent_id) = id.parse::<uuid::Uuid>() else {
+                return Some(String::new());
+            };
+            match scheduler.inspect(|c| c.view(agent_id)) {
+                Some(view) if !view.status.is_terminal() => None,
+                Some(view) => Some(view.description.to_string()),
+                None => Some(String::new()),
             }
         };
-        for (id, worktree) in left {
-            let Ok(agent_id) = id.parse::<uuid::Uuid>() else {
-                continue;
-            };
-            let view = scheduler.inspect(|c| c.view(agent_id));
-            if view.as_ref().is_some_and(|v| !v.status.is_terminal()) {
-                continue;
-            }
-            let description = view.as_ref().map_or("", |v| &*v.description);
-            match workspaces.save(&spec, &worktree, &id, description).await {
-                Ok(saved) => {
-                    info!(agent_id = %id, branch = %saved.branch, kept = saved.kept, "saved a worktree the crash left");
-                    saved_count += 1;
-                    if view.is_some() {
-                        let workspace = crate::scheduler::Workspace {
-                            branch: saved.branch,
-                            kept: saved.kept,
-                            base_commit: saved.base_commit,
-                            head_commit: saved.head_commit,
-                            files_changed: saved.files_changed,
-                            insertions: saved.insertions,
-                            deletions: saved.deletions,
-                        };
-                        scheduler.set_workspace(agent_id, workspace).await;
-                    }
-                }
+        let saved =
+            match sweep_worktrees(&workspaces, &spec, agent_type.kill_grace(), settled).await {
+                Ok(saved) => saved,
                 Err(e) => {
-                    warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving a worktree the crash left failed");
+                    warn!(agent = %name, error = %e, "listing the worktrees a crash left failed");
+                    continue;
                 }
+            };
+        saved_count += saved.len();
+        for (id, saved) in saved {
+            if let Ok(agent_id) = id.parse::<uuid::Uuid>() {
+                scheduler.set_workspace(agent_id, saved.into()).await;
             }
         }
     }

@@ -199,6 +199,9 @@ pub(super) struct AgentRow {
     /// Since schema 2.
     #[prost(uint64, tag = "13")]
     report_seq: u64,
+    /// The Spawn's `workspace_base` (an older row has none: read as unset).
+    #[prost(string, optional, tag = "14")]
+    workspace_base: Option<String>,
 }
 
 /// A decided approval its paused run has not received yet.
@@ -413,6 +416,7 @@ pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
         timeout_ms: u64::try_from(state.timeout.as_millis()).unwrap_or(u64::MAX),
         steer_buffer: state.steer_buffer.clone(),
         idempotency_key: state.idempotency_key.as_deref().map(str::to_owned),
+        workspace_base: state.workspace_base.as_deref().map(str::to_owned),
         span_id: state.span_id,
         sampled: state.sampled,
         process_group: state.process_group.map(|g| g.pgid),
@@ -438,6 +442,7 @@ pub(super) fn decode_agent(bytes: &[u8]) -> Result<AgentState, StoreError> {
         timeout: Duration::from_millis(row.timeout_ms),
         steer_buffer: row.steer_buffer,
         idempotency_key: row.idempotency_key.map(Arc::from),
+        workspace_base: row.workspace_base.map(Arc::from),
         span_id: row.span_id,
         sampled: row.sampled,
         process_group: row.process_group.map(|pgid| ProcessGroup {
@@ -887,6 +892,7 @@ pub(crate) mod tests {
             timeout: Duration::from_millis(90_000),
             steer_buffer: vec!["one".into(), "two".into()],
             idempotency_key: Some("key-1".into()),
+            workspace_base: Some("release/2.0".into()),
             span_id: 0xdead_beef_0000_0001,
             sampled: true,
             process_group: Some(ProcessGroup {
@@ -1054,6 +1060,7 @@ pub(crate) mod tests {
         bare.view.continuation = None;
         bare.prompt = None;
         bare.idempotency_key = None;
+        bare.workspace_base = None;
         bare.process_group = None;
         bare.decision = None;
         bare.report_seq = 0;

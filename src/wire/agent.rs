@@ -39,8 +39,22 @@ pub(super) fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from(t)
 }
 
-fn workspace_to_pb(w: &Workspace) -> pb::Workspace {
+/// A saved workspace on the wire.
+pub fn workspace_to_pb(w: &Workspace) -> pb::Workspace {
     pb::Workspace {
+        branch: w.branch.clone(),
+        kept: w.kept,
+        base_commit: w.base_commit.clone(),
+        head_commit: w.head_commit.clone(),
+        files_changed: w.files_changed,
+        insertions: w.insertions,
+        deletions: w.deletions,
+    }
+}
+
+/// A saved workspace from the wire.
+pub fn workspace_from_pb(w: &pb::Workspace) -> Workspace {
+    Workspace {
         branch: w.branch.clone(),
         kept: w.kept,
         base_commit: w.base_commit.clone(),
@@ -173,17 +187,7 @@ pub fn agent_from_pb(a: &pb::Agent) -> Result<AgentView, String> {
         started_at: time(&a.started_at),
         finished_at: time(&a.finished_at),
         collected_at: time(&a.collected_time),
-        workspace: a.workspace.as_ref().map(|w| {
-            Arc::new(Workspace {
-                branch: w.branch.clone(),
-                kept: w.kept,
-                base_commit: w.base_commit.clone(),
-                head_commit: w.head_commit.clone(),
-                files_changed: w.files_changed,
-                insertions: w.insertions,
-                deletions: w.deletions,
-            })
-        }),
+        workspace: a.workspace.as_ref().map(|w| Arc::new(workspace_from_pb(w))),
         result: a.result.as_str().into(),
         error: a
             .error

@@ -114,6 +114,35 @@ impl Violations {
         }
     }
 
+    /// `SpawnRequest.workspace_base`: a ref name git reads as a ref, not
+    /// an option or several arguments; not with a continuation, which
+    /// starts at the continued agent's head. Whether the repository has it
+    /// is the caller's to check.
+    pub(super) fn workspace_base(&mut self, raw: &str, continuing: bool) -> Option<String> {
+        let field = "workspace_base";
+        let base = self.key(field, raw)?;
+        if continuing {
+            self.add(
+                field,
+                "cannot be set with continue_from: a continuation's worktree starts at the \
+                 continued agent's head",
+            );
+            return None;
+        }
+        if base.starts_with('-') || base.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            self.add(
+                field,
+                format!(
+                    "\"{}\" is not a branch, tag or commit (it must not start with '-' or hold \
+                     whitespace)",
+                    truncate(&base)
+                ),
+            );
+            return None;
+        }
+        Some(base)
+    }
+
     pub(super) fn ids(&mut self, field: &str, raw: &[String], required: bool) -> Vec<AgentId> {
         if required && raw.is_empty() {
             self.add(field, "at least one id is required");

@@ -13,7 +13,10 @@ pub mod server_info;
 pub mod transcript;
 pub mod workers;
 
-pub use self::agent::{agent_from_pb, agent_to_pb, agents_to_pb, delivery_to_pb, status_to_pb};
+pub use self::agent::{
+    agent_from_pb, agent_to_pb, agents_to_pb, delivery_to_pb, status_to_pb, workspace_from_pb,
+    workspace_to_pb,
+};
 pub use self::check::{
     DEFAULT_AWAIT_TIMEOUT, DEFAULT_PAGE_SIZE, MAX_AWAIT_TIMEOUT, MAX_IDS, MAX_KEY_BYTES,
     MAX_NOTE_BYTES, MAX_PAGE_SIZE, MAX_RUN_TIMEOUT,

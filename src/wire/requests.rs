@@ -65,6 +65,7 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
     let parent_id = v.optional_id("parent_id", &req.parent_id);
     let lead_id = v.key("lead_id", &req.lead_id);
     let idempotency_key = v.key("idempotency_key", &req.idempotency_key);
+    let workspace_base = v.workspace_base(&req.workspace_base, continuing);
     let timeout = match &req.timeout {
         Some(d) => match v.duration("timeout", d, MAX_RUN_TIMEOUT) {
             Some(t) if t.is_zero() => {
@@ -93,6 +94,7 @@ pub fn parse_spawn(req: pb::SpawnRequest) -> Result<SpawnSpec, Error> {
         trace: SpawnTrace::default(),
         continue_from,
         fork: req.fork,
+        workspace_base,
     })
 }
 

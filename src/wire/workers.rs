@@ -5,14 +5,14 @@ use std::{sync::Arc, time::SystemTime};
 use uuid::Uuid;
 
 use super::{
-    agent::{agent_to_pb, timestamp},
+    agent::{agent_to_pb, timestamp, workspace_from_pb, workspace_to_pb},
     check::{non_empty, truncate, Violations, MAX_KEY_BYTES},
     transcript::history_to_pb,
 };
 use crate::pb;
 use crate::scheduler::{
     AgentError, AgentId, Error, HeldRun, Usage, WorkerCommand, WorkerEvent, WorkerId, WorkerInfo,
-    CODE_RUN_FAILED,
+    Workspace, CODE_RUN_FAILED,
 };
 
 /// Most runs one worker may declare it can hold.
@@ -138,6 +138,7 @@ pub fn worker_event_from_pb(event: pb::RunEvent) -> Result<(AgentId, WorkerEvent
             detail: a.detail,
         },
         E::TurnStarted(_) => WorkerEvent::TurnStarted,
+        E::Workspace(w) => WorkerEvent::Workspace(workspace_from_pb(&w)),
         E::Done(d) => WorkerEvent::Done {
             result: d.result,
             session: non_empty(d.session),
@@ -175,6 +176,8 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
                 .and_then(|h| h.session.as_deref())
                 .unwrap_or_default()
                 .to_owned(),
+            workspace_base: a.workspace_base.as_deref().unwrap_or_default().to_owned(),
+            continues_workspace: a.continues_workspace.as_deref().map(workspace_to_pb),
         }),
         WorkerCommand::Steer { agent_id, message } => M::Steer(pb::SteerRun {
             agent_id: agent_id.to_string(),
@@ -280,6 +283,11 @@ pub fn tool_call(name: &str, input_digest: &str) -> pb::run_event::Event {
         name: name.to_owned(),
         input_digest: input_digest.to_owned(),
     })
+}
+
+/// A run's saved workspace.
+pub fn workspace(workspace: &Workspace) -> pb::run_event::Event {
+    pb::run_event::Event::Workspace(workspace_to_pb(workspace))
 }
 
 /// A run starts a turn.

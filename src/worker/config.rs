@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{
     env_provider, invalid, sections_of, AgentTypeConfig, ConfigError, RunnerKind, TelemetryConfig,
+    WorkspaceKind,
 };
 
 /// Default `[worker] drain_grace`.
@@ -142,6 +143,13 @@ impl WorkerConfig {
                 }
             }
             agent.validate_command(name)?;
+            if agent.workspace == WorkspaceKind::Worktree && agent.root.is_none() {
+                return Err(invalid(
+                    key("root"),
+                    "is required with workspace = \"worktree\": a worker has no data directory \
+                     to put worktrees in",
+                ));
+            }
         }
         self.telemetry.validate()
     }
@@ -241,6 +249,12 @@ mod tests {
         );
         assert!(err("[worker]\nbogus = 1\n[agents.a]\nrunner = \"simulated\"\n").contains("bogus"));
         assert!(err("[agents.a]\n").contains("runner"));
+        // A worker has no data directory: a workspace type names its root.
+        assert!(err(
+            "[agents.a]\nrunner = \"command\"\ncommand = [\"true\"]\nworkspace = \"worktree\"\n\
+             repo = \"/r\"\n"
+        )
+        .contains("agents.a.root"));
         for key in ["default_model = \"acme/m\"", "description = \"d\""] {
             let text = err(&format!("[agents.a]\nrunner = \"simulated\"\n{key}\n"));
             assert!(text.contains("server's config"), "{key}: {text}");

@@ -34,15 +34,15 @@ use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
 use crate::{
-    config::{AgentTypeConfig, RunnerKind},
+    config::{AgentTypeConfig, RunnerKind, WorkspaceKind},
     pb::{
         self, connect_request::Message as Up, connect_response::Message as Down, run_event::Event,
     },
-    runner::{RemoteReports, Run, RunReporter, Runner},
+    runner::{command::CODE_WORKSPACE_BASE_UNKNOWN, RemoteReports, Run, RunReporter, Runner},
     scheduler::{
         crashed,
         inbox::{steer_inbox, SteerSender},
-        ApprovalOutcome, Usage, CODE_CANCELLED,
+        ApprovalOutcome, Usage, Workspace, CODE_CANCELLED,
     },
     wire,
 };
@@ -114,7 +114,9 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     let token = crate::client::bearer_header(args.token.as_deref())?;
+    let left = prepare_workspaces(&config).await?;
     let worker = Worker::new(config, url, token, args.token.as_deref().map(Arc::from));
+    worker.state.lock().unsent = left;
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
     let mut signals = StopSignals::new()?;
@@ -139,6 +141,46 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         warn!(error = %e, "flushing telemetry failed");
     }
     Ok(())
+}
+
+/// Before the first session: each workspace type's `repo` must be a git
+/// repository (else the worker does not start, naming the key), and the
+/// worktrees a killed worker left under its `root` are saved — a program
+/// still running in one stopped, its changes committed to its branch, the
+/// worktree removed. Returns their workspace reports, for the server.
+async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::RunEvent>> {
+    use crate::runner::{
+        command::sweep_worktrees,
+        workspace::{check_repository, Spec, Workspaces},
+    };
+    let workspaces = Workspaces::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut reports = Vec::new();
+    for (name, agent_type) in &config.agents {
+        // `root` is required here (the config says so), so every
+        // workspace type has a spec.
+        let Some(spec) = Spec::of(agent_type, None) else {
+            continue;
+        };
+        check_repository(&spec.repo)
+            .await
+            .with_context(|| format!("agents.{name}.repo"))?;
+        if !seen.insert((spec.repo.clone(), spec.root.clone())) {
+            continue;
+        }
+        // This worker's runs died with it: every worktree left is stale.
+        let saved = sweep_worktrees(&workspaces, &spec, agent_type.kill_grace(), |_| {
+            Some(String::new())
+        })
+        .await
+        .with_context(|| format!("saving the worktrees left under agents.{name}.root"))?;
+        for (id, saved) in saved {
+            info!(agent_id = %id, branch = %saved.branch, "saved a worktree a killed worker left");
+            let workspace = wire::workers::workspace(&saved.into());
+            reports.push(wire::workers::run_event(&id, 0, 0, workspace));
+        }
+    }
+    Ok(reports)
 }
 
 /// Answers to a hello that retrying cannot change: a hello the server's
@@ -191,6 +233,10 @@ struct State {
     /// The drain is over: nothing more is reported, so the runs left are
     /// the server's to treat as lost.
     closing: bool,
+    /// Workspace reports of runs the worker no longer holds (stopped runs,
+    /// worktrees a killed worker left) made while no session was open:
+    /// sent when the next one opens.
+    unsent: Vec<pb::RunEvent>,
 }
 
 /// A run the worker holds.
@@ -358,10 +404,25 @@ impl Worker {
                 let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
             }
         }
+        for event in std::mem::take(&mut state.unsent) {
+            let _ = tx.send(wire::workers::up(Up::Event(event)));
+        }
         if state.draining {
             let _ = tx.send(wire::workers::drain("draining"));
         }
         state.session = Some((number, tx));
+    }
+
+    /// Sends a report about a run the worker does not hold (any more) on
+    /// the open session, else on the next one.
+    fn send_unheld(&self, event: pb::RunEvent) {
+        let mut state = self.state.lock();
+        match &state.session {
+            Some((_, tx)) => {
+                let _ = tx.send(wire::workers::up(Up::Event(event)));
+            }
+            None => state.unsent.push(event),
+        }
     }
 
     /// Session `number` is over: reports wait for the next one.
@@ -489,6 +550,20 @@ impl Worker {
                 return;
             }
         };
+        // The server cannot see this worker's config: a base for a type
+        // without a workspace is refused here.
+        let workspace_base = (!assignment.workspace_base.is_empty())
+            .then(|| Arc::<str>::from(assignment.workspace_base.as_str()));
+        if workspace_base.is_some() && agent_type.workspace == WorkspaceKind::None {
+            reports.fail(
+                CODE_WORKSPACE_BASE_UNKNOWN,
+                format!(
+                    "workspace_base is set, but agent type {:?} has no workspace on worker {:?}",
+                    agent.agent, self.name
+                ),
+            );
+            return;
+        }
         let runner = self.runners[&agent_type.runner].clone();
         info!(%agent_id, attempt, agent = %view.agent, "run assigned");
         let run = Run {
@@ -501,8 +576,11 @@ impl Worker {
             traceparent: assignment.traceparent.into(),
             credential: self.program_token.clone(),
             history,
-            // Workspaces are not run on workers yet.
-            continues_workspace: None,
+            workspace_base,
+            continues_workspace: assignment
+                .continues_workspace
+                .as_ref()
+                .map(|w| Arc::new(wire::workspace_from_pb(w))),
         };
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
@@ -700,6 +778,20 @@ impl RemoteReports for Reports {
     fn usage(&self, usage: Usage) {
         if let Some(event) = wire::workers::usage(usage) {
             self.report(event);
+        }
+    }
+
+    fn workspace(&self, workspace: &Workspace) {
+        let event = wire::workers::workspace(workspace);
+        // A held run's, numbered like its other reports (sent again after a
+        // re-attach); a stopped run's, after its end: unnumbered.
+        if !self.report_with(event.clone(), |_| {}) {
+            self.worker.send_unheld(wire::workers::run_event(
+                &self.agent_id,
+                0,
+                self.attempt,
+                event,
+            ));
         }
     }
 

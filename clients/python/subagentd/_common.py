@@ -190,6 +190,7 @@ def spawn_request(
     detached: bool,
     continue_from: str,
     fork: bool,
+    workspace_base: str = "",
 ) -> pb.SpawnRequest:
     request = pb.SpawnRequest(
         agent=agent,
@@ -204,6 +205,7 @@ def spawn_request(
         detached=detached,
         continue_from=continue_from,
         fork=fork,
+        workspace_base=workspace_base,
     )
     if timeout is not None:
         request.timeout.CopyFrom(duration(timeout))

@@ -135,6 +135,7 @@ class AsyncClient:
         detached: bool = False,
         continue_from: str = "",
         fork: bool = False,
+        workspace_base: str = "",
         call_timeout: CallTimeout = UNSET,
     ) -> Agent:
         """See `Client.spawn`."""
@@ -152,6 +153,7 @@ class AsyncClient:
             detached=detached,
             continue_from=continue_from,
             fork=fork,
+            workspace_base=workspace_base,
         )
         response = await self._call(self._spawn, request, self._timeout(call_timeout), bool(request.idempotency_key))
         return _convert.agent(response.agent)

@@ -273,6 +273,7 @@ class Client:
         detached: bool = False,
         continue_from: str = "",
         fork: bool = False,
+        workspace_base: str = "",
         call_timeout: CallTimeout = UNSET,
     ) -> Agent:
         """Spawns an agent (SpawnRequest's fields; `timeout` is the run's
@@ -294,6 +295,7 @@ class Client:
             detached=detached,
             continue_from=continue_from,
             fork=fork,
+            workspace_base=workspace_base,
         )
         response = self._call(self._spawn, request, self._timeout(call_timeout), bool(request.idempotency_key))
         return _convert.agent(response.agent)

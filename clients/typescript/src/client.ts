@@ -91,6 +91,8 @@ export interface SpawnRequest {
   readonly continueFrom?: string;
   /** With `continueFrom`: start a new conversation from a copy of its history. */
   readonly fork?: boolean;
+  /** For an agent type with a workspace: the branch, tag or commit its worktree starts at. */
+  readonly workspaceBase?: string;
 }
 
 /** Filters of `list`; they combine with AND. */
@@ -203,6 +205,7 @@ export class SubagentdClient {
       detached: request.detached ?? false,
       continueFrom: request.continueFrom ?? "",
       fork: request.fork ?? false,
+      workspaceBase: request.workspaceBase ?? "",
     });
     const response = await this.call(true, options, (o) => this.rpc.spawn(message, o));
     return requiredAgent(response.agent, "Spawn");

@@ -6,8 +6,8 @@ use std::{sync::Arc, time::SystemTime};
 
 use uuid::Uuid;
 
-use super::{Children, Core, Record, RunControl, RunStart};
-use crate::config::RunnerKind;
+use super::{Children, Core, Rare, Record, RunControl, RunStart};
+use crate::config::{RunnerKind, WorkspaceKind};
 use crate::scheduler::conversation::{Inherited, Place, Refusal};
 use crate::scheduler::{
     error::{Error, FieldViolation},
@@ -268,7 +268,11 @@ impl Core {
             runner,
             prompt: Some(prompt),
             timeout_ms: Record::timeout_ms(spec.timeout.unwrap_or(self.runs.default_timeout)),
-            rare: Record::rare(Vec::new(), idem_key),
+            rare: Record::rare(Rare {
+                steer_buffer: Vec::new(),
+                idempotency_key: idem_key,
+                workspace_base: spec.workspace_base.map(Arc::from),
+            }),
             run: None,
             children: Children::default(),
             span_id: trace.span_id,
@@ -521,11 +525,25 @@ impl Core {
 
     fn check_spec(&self, spec: &SpawnSpec) -> Result<(), Error> {
         let mut violations = Vec::new();
-        if !self.agent_types.contains_key(&spec.agent) {
+        let Some(agent_type) = self.agent_types.get(&spec.agent) else {
             return Err(Error::UnknownAgentType {
                 name: spec.agent.clone(),
                 known: self.agent_types.keys().cloned().collect(),
             });
+        };
+        // A worker type's workspace is in the worker's config, which the
+        // server does not see: the worker checks.
+        if spec.workspace_base.is_some()
+            && agent_type.workspace == WorkspaceKind::None
+            && agent_type.runner != RunnerKind::Worker
+        {
+            violations.push(FieldViolation::new(
+                "workspace_base",
+                format!(
+                    "agent type \"{}\" has no workspace ([agents.{}] workspace = \"none\")",
+                    spec.agent, spec.agent
+                ),
+            ));
         }
         if spec.prompt.len() > self.limits.max_prompt_bytes {
             violations.push(FieldViolation::new(
@@ -727,6 +745,7 @@ impl Core {
             }
         }
         if let Some(steer) = steer_rx {
+            let rec = &self.agents[&id];
             // Kept until the agent ends: a retried run needs it again.
             let prompt = rec.prompt.clone().unwrap_or_else(|| "".into());
             let trace = rec.trace_context();
@@ -736,6 +755,15 @@ impl Core {
                 .as_ref()
                 .and_then(|_| self.conversations.history(id))
                 .map(Arc::new);
+            // A continuation starts its worktree where the agent it
+            // continues left its own (a lookup only for continuations).
+            let continues_workspace = rec
+                .view
+                .continuation
+                .as_ref()
+                .and_then(|c| self.agents.get(&c.continues_id))
+                .and_then(|continued| continued.view.workspace.clone());
+            let workspace_base = rec.workspace_base().cloned();
             if let Some(worker) = on_worker {
                 self.workers.send(
                     worker,
@@ -746,11 +774,12 @@ impl Core {
                         deadline: now + rec.timeout(),
                         trace,
                         history: history.clone(),
+                        workspace_base: workspace_base.clone(),
+                        continues_workspace: continues_workspace.clone(),
                     })),
                 );
             }
-            let continues = rec.view.continuation.as_ref().map(|c| c.continues_id);
-            let mut start = RunStart {
+            let start = RunStart {
                 agent: rec.view.clone(),
                 runner: rec.runner,
                 prompt,
@@ -766,13 +795,9 @@ impl Core {
                     .expect("run controls exist"),
                 stale_timeout: self.runs.stale_timeout,
                 history,
-                continues_workspace: None,
+                workspace_base,
+                continues_workspace,
             };
-            // A continuation starts its worktree where the agent it
-            // continues left its own (a lookup only for continuations).
-            if let Some(continued) = continues.and_then(|c| self.agents.get(&c)) {
-                start.continues_workspace = continued.view.workspace.clone();
-            }
             self.starts.push(start);
         }
     }

@@ -93,6 +93,8 @@ pub struct RunStart {
     /// A continuation's history: the turns before its own (None for the
     /// first turn of a conversation).
     pub history: Option<Arc<conversation::History>>,
+    /// Spawn's `workspace_base`: where the run's worktree starts.
+    pub workspace_base: Option<Arc<str>>,
     /// The workspace of the agent a continuation or fork continues.
     pub continues_workspace: Option<Arc<Workspace>>,
 }
@@ -252,6 +254,8 @@ struct Rare {
     /// Steer messages waiting for the run.
     steer_buffer: Vec<String>,
     idempotency_key: Option<Arc<str>>,
+    /// Spawn's `workspace_base`: where the run's worktree starts.
+    workspace_base: Option<Arc<str>>,
 }
 
 impl Record {
@@ -263,17 +267,19 @@ impl Record {
         u32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(u32::MAX)
     }
 
-    fn rare(steer_buffer: Vec<String>, idempotency_key: Option<Arc<str>>) -> Option<Box<Rare>> {
-        (!steer_buffer.is_empty() || idempotency_key.is_some()).then(|| {
-            Box::new(Rare {
-                steer_buffer,
-                idempotency_key,
-            })
-        })
+    fn rare(rare: Rare) -> Option<Box<Rare>> {
+        (!rare.steer_buffer.is_empty()
+            || rare.idempotency_key.is_some()
+            || rare.workspace_base.is_some())
+        .then(|| Box::new(rare))
     }
 
     fn idempotency_key(&self) -> Option<&Arc<str>> {
         self.rare.as_ref()?.idempotency_key.as_ref()
+    }
+
+    fn workspace_base(&self) -> Option<&Arc<str>> {
+        self.rare.as_ref()?.workspace_base.as_ref()
     }
 
     fn steer_buffer(&self) -> &[String] {
@@ -625,6 +631,11 @@ impl Core {
             .iter()
             .map(|(name, t)| (name.clone(), t.clone()))
             .collect()
+    }
+
+    /// The agent type `name`.
+    pub fn agent_type(&self, name: &str) -> Option<Arc<AgentTypeConfig>> {
+        self.agent_types.get(name).cloned()
     }
 
     /// Retention of finished agents.

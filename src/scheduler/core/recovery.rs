@@ -16,7 +16,7 @@
 
 use std::{sync::Arc, time::SystemTime};
 
-use super::{Children, Core, Record};
+use super::{Children, Core, Rare, Record};
 use crate::config::RunnerKind;
 use crate::scheduler::{
     conversation::Inherited,
@@ -237,6 +237,7 @@ impl Core {
             timeout,
             steer_buffer,
             idempotency_key,
+            workspace_base,
             span_id,
             sampled,
             process_group: _,
@@ -313,7 +314,11 @@ impl Core {
             runner,
             prompt,
             timeout_ms: Record::timeout_ms(timeout),
-            rare: Record::rare(steer_buffer, idempotency_key),
+            rare: Record::rare(Rare {
+                steer_buffer,
+                idempotency_key,
+                workspace_base,
+            }),
             run: None,
             children: Children::default(),
             span_id,

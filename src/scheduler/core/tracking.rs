@@ -133,6 +133,7 @@ pub(super) fn state_of(rec: &Record, held_report_seq: Option<u64>) -> AgentState
         timeout: rec.timeout(),
         steer_buffer: rec.steer_buffer().to_vec(),
         idempotency_key: rec.idempotency_key().cloned(),
+        workspace_base: rec.workspace_base().cloned(),
         span_id: rec.span_id,
         sampled: rec.sampled,
         process_group: rec.run.as_ref().and_then(|r| r.process_group),

@@ -122,6 +122,7 @@ impl Core {
             stale_timeout: self.runs.stale_timeout,
             // The worker has the run, and had the history with it.
             history: None,
+            workspace_base: None,
             continues_workspace: None,
         };
         self.starts.push(start);
@@ -206,6 +207,9 @@ impl Core {
             // new attempt's).
             return false;
         }
+        if let WorkerEvent::Workspace(workspace) = event {
+            return self.worker_workspace(worker, agent, workspace);
+        }
         let seq = number.seq;
         let live = rec.view.worker_id == Some(worker)
             && rec.runner == RunnerKind::Worker
@@ -244,6 +248,7 @@ impl Core {
             WorkerEvent::TurnStarted => {
                 self.turn_started(agent);
             }
+            WorkerEvent::Workspace(_) => unreachable!("applied above"),
             WorkerEvent::Done { result, session } => {
                 self.set_session(agent, session);
                 return self.finish(agent, Ok(result));
@@ -259,6 +264,28 @@ impl Core {
                 }
                 return self.finish(agent, Err(error));
             }
+        }
+        true
+    }
+
+    /// A worker saved `agent`'s workspace: during the run, after the run
+    /// was stopped (the worker no longer holds it), or at the worker's
+    /// start for a worktree a killed worker left. Taken from any worker
+    /// that serves the agent's tenant and type, as it could have held the
+    /// run; a repeat (a re-attach sends reports again) changes nothing.
+    fn worker_workspace(&mut self, worker: WorkerId, agent: AgentId, workspace: Workspace) -> bool {
+        let Some(rec) = self.agents.get(&agent) else {
+            return false;
+        };
+        let serves = rec.runner == RunnerKind::Worker
+            && self
+                .workers
+                .serves(worker, &rec.view.tenant, &rec.view.agent);
+        if !serves {
+            return false;
+        }
+        if rec.view.workspace.as_deref() != Some(&workspace) {
+            self.set_workspace(agent, workspace);
         }
         true
     }

@@ -36,6 +36,11 @@ impl Scheduler {
         self.inspect(Core::agent_types)
     }
 
+    /// The agent type `name` as configured now.
+    pub fn agent_type(&self, name: &str) -> Option<Arc<AgentTypeConfig>> {
+        self.inspect(|c| c.agent_type(name))
+    }
+
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
     /// foreground spec it is already running).
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {

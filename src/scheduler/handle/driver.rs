@@ -103,6 +103,7 @@ impl Scheduler {
             traceparent: start.trace.traceparent().into(),
             credential: credential.as_ref().map(|c| c.token().clone()),
             history: start.history,
+            workspace_base: start.workspace_base,
             continues_workspace: start.continues_workspace,
         };
         let outcome = tokio::select! {
