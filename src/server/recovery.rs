@@ -104,9 +104,8 @@ async fn sweep_workspaces(config: &Config, scheduler: &Scheduler) -> usize {
             continue;
         }
         let settled = |id: &str| {
-            let Ok(agent_id) = id.parse::<uuid::Uuid>() else {
-                return Some(String::new());
-            };
+            // A folder not named after an agent is not a run's.
+            let agent_id = id.parse::<uuid::Uuid>().ok()?;
             match scheduler.inspect(|c| c.view(agent_id)) {
                 Some(view) if !view.status.is_terminal() => None,
                 Some(view) => Some(view.description.to_string()),

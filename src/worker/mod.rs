@@ -168,9 +168,10 @@ async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::Run
         if !seen.insert((spec.repo.clone(), spec.root.clone())) {
             continue;
         }
-        // This worker's runs died with it: every worktree left is stale.
-        let saved = sweep_worktrees(&workspaces, &spec, agent_type.kill_grace(), |_| {
-            Some(String::new())
+        // This worker's runs died with it: every run's worktree left is
+        // stale (a folder not named after an agent is not a run's).
+        let saved = sweep_worktrees(&workspaces, &spec, agent_type.kill_grace(), |id| {
+            id.parse::<uuid::Uuid>().is_ok().then(String::new)
         })
         .await
         .with_context(|| format!("saving the worktrees left under agents.{name}.root"))?;

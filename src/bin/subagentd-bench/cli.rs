@@ -96,6 +96,12 @@ pub enum Command {
     /// Reports (RSS after − idle RSS) / N as bytes per agent.
     #[command(after_help = EXIT_STATUS_HELP)]
     Memory(MemoryArgs),
+    /// What a workspace costs a run (`workspace = "worktree"`), on a fresh
+    /// repository of --files files: `git worktree add` and the save at the
+    /// end (commit, remove) timed alone, and Spawn-to-start latency of a
+    /// `command` type with and without a workspace against one subagentd
+    /// (runs one at a time, alternating).
+    Workspace(WorkspaceArgs),
     /// Internal: the no-op baseline server `run` starts as a child process.
     #[command(hide = true)]
     NoopServer(NoopServerArgs),
@@ -198,6 +204,22 @@ pub struct MemoryArgs {
     /// HTTP/2 connections the spawns are spread over.
     #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
     pub connections: usize,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of `subagentd-bench workspace`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WorkspaceArgs {
+    /// Files in the repository the worktrees are made of.
+    #[arg(long, default_value = "10000", value_parser = parse_positive, value_name = "N")]
+    pub files: usize,
+    /// Runs measured, one at a time (per type for Spawn to start).
+    #[arg(long, default_value = "10", value_parser = parse_positive, value_name = "N")]
+    pub runs: usize,
     /// Print one JSON document on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

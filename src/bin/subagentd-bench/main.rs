@@ -10,6 +10,7 @@
 //! - `run`: the throughput/latency scenarios, a table with ratios to the
 //!   baseline, and a verdict on the targets this tool can check.
 //! - `memory`: RSS per retained finished agent.
+//! - `workspace`: what a git worktree costs a run.
 //!
 //! Module map: [`cli`] (flags and the scenario names), [`servers`] (child
 //! processes and the no-op server), [`load`] (the closed-loop driver,
@@ -19,7 +20,7 @@
 //! from `/proc`).
 //!
 //! Imports point one way, so no two modules import each other, directly or
-//! through others: main → `scenarios`, `memory` (the subcommands) → `report`
+//! through others: main → `scenarios`, `memory`, `workspace` (the subcommands) → `report`
 //! → `load` → `servers` → `procfs`, where a module may skip layers downward
 //! (`scenarios` uses `servers` too), and `cli` is the leaf under all of them:
 //! plain flag types and the [`cli::Scenario`] names, importing no other
@@ -33,6 +34,7 @@ mod procfs;
 mod report;
 mod scenarios;
 mod servers;
+mod workspace;
 
 use std::process::ExitCode;
 
@@ -52,6 +54,7 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Run(args) => scenarios::run(args).await,
         Command::Memory(args) => memory::run(args).await,
+        Command::Workspace(args) => workspace::run(args).await,
         Command::NoopServer(args) => servers::noop::serve(args.listen)
             .await
             .map(|()| ExitCode::SUCCESS),

@@ -46,7 +46,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<ExitCode> {
     }
     let kind = ServerKind::Subagentd {
         bin: servers::subagentd_bin(args.server.server_bin.as_deref())?,
-        config_toml: servers::MEMORY_CONFIG,
+        config_toml: servers::MEMORY_CONFIG.into(),
         // RSS of the scheduler's records, not of a store's caches.
         store: servers::BenchStore::Memory,
     };

@@ -97,7 +97,8 @@ async fn run_round(
                 config_toml: match scenario {
                     Scenario::BgSpawnKeyed => servers::THROUGHPUT_KEYED_CONFIG,
                     _ => servers::THROUGHPUT_CONFIG,
-                },
+                }
+                .into(),
                 store,
             },
             (_, Some(Err(message))) => {
@@ -171,7 +172,7 @@ impl UnderTest {
                     .to_owned();
                 let standby_kind = ServerKind::Subagentd {
                     bin: bin.clone(),
-                    config_toml,
+                    config_toml: config_toml.clone(),
                     store: BenchStore::PostgresShared { url },
                 };
                 // The first server holds the lease once it is SERVING, so

@@ -98,7 +98,7 @@ pub enum ServerKind {
         /// The subagentd binary.
         bin: PathBuf,
         /// Config file contents.
-        config_toml: &'static str,
+        config_toml: std::borrow::Cow<'static, str>,
         /// Where it keeps its state.
         store: BenchStore,
     },
@@ -209,7 +209,7 @@ impl ServerProcess {
                     }
                 }
                 let config = TempPath::new("config", ".toml");
-                std::fs::write(&config.0, config_toml)
+                std::fs::write(&config.0, config_toml.as_bytes())
                     .with_context(|| format!("cannot write {}", config.0.display()))?;
                 let mut command = Command::new(bin);
                 command.arg("serve").arg("--config").arg(&config.0);
