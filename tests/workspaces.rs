@@ -224,6 +224,26 @@ impl Repo {
     }
 }
 
+/// The workspace on the RESULT entry of `id`'s turn in its transcript.
+async fn transcript_workspace(client: &mut Client, id: &str) -> Option<pb::Workspace> {
+    let page = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the transcript")
+        .into_inner();
+    let result = page
+        .entries
+        .into_iter()
+        .rfind(|e| e.kind == pb::TranscriptEntryKind::Result as i32 && e.agent_id == id)
+        .expect("a RESULT entry");
+    result.workspace
+}
+
+type Client = subagentd::pb::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
+
 fn coder(prompt: &str, background: bool) -> pb::SpawnRequest {
     pb::SpawnRequest {
         agent: "coder".into(),
@@ -301,6 +321,10 @@ async fn a_run_works_in_its_own_worktree_and_its_changes_stay_on_its_branch() {
     );
     assert_eq!(
         status_of(&mut s.client, &agent.id).await.workspace,
+        Some(workspace.clone())
+    );
+    assert_eq!(
+        transcript_workspace(&mut s.client, &agent.id).await,
         Some(workspace)
     );
     // The repository's own checkout was never touched.
@@ -388,6 +412,11 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
     );
     assert_eq!(
         status_of(&mut s.client, &agent.id).await.workspace,
+        Some(workspace.clone())
+    );
+    // The turn's RESULT entry, written at the cancel, gets it too.
+    assert_eq!(
+        transcript_workspace(&mut s.client, &agent.id).await,
         Some(workspace)
     );
     assert_eq!(
@@ -396,6 +425,68 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
     );
     repo.assert_live_worktrees(&[]);
     assert!(!repo.root().join(&agent.id).exists());
+}
+
+#[tokio::test]
+async fn a_run_past_its_deadline_and_a_cascade_cancelled_child_are_saved_too() {
+    let repo = Repo::new();
+    let script = repo.script(
+        "long.sh",
+        "echo \"$SUBAGENTD_AGENT_ID\" > wip.txt\necho started\nexec sleep 60\n",
+    );
+    let mut s = repo.server(&script, "").await;
+    let mut events = watch(
+        &mut s.client,
+        pb::WatchAgentsRequest {
+            include_progress: true,
+            ..Default::default()
+        },
+    )
+    .await;
+
+    // The deadline: the run is stopped, then saved.
+    let mut late = coder("go", true);
+    late.timeout = Some(prost_types::Duration {
+        seconds: 1,
+        nanos: 0,
+    });
+    let late = spawn(&mut s.client, late).await;
+    let saved = wait_for_event(&mut events, &late.id, Kind::WorkspaceSaved).await;
+    let saved = saved.agent.unwrap();
+    assert_eq!(saved.error.unwrap().code, "DEADLINE_EXCEEDED");
+    let workspace = saved.workspace.expect("saved");
+    assert_eq!((workspace.kept, workspace.files_changed), (true, 1));
+    repo.assert_live_worktrees(&[]);
+
+    // A cascade: cancelling the parent stops its child; both are saved.
+    let parent = spawn(&mut s.client, coder("go", true)).await;
+    let mut child = coder("go", true);
+    child.parent_id = parent.id.clone();
+    let child = spawn(&mut s.client, child).await;
+    for id in [&parent.id, &child.id] {
+        wait_for(&mut events, |ev| {
+            ev.agent.as_ref().is_some_and(|a| &a.id == id) && ev.output.contains("started")
+        })
+        .await;
+    }
+    repo.assert_live_worktrees(&[&parent.id, &child.id]);
+    cancel(&mut s.client, &parent.id).await;
+    for id in [&parent.id, &child.id] {
+        let saved = wait_for_event(&mut events, id, Kind::WorkspaceSaved).await;
+        let agent = saved.agent.unwrap();
+        assert_eq!(status(&agent), pb::AgentStatus::Cancelled);
+        assert_eq!(
+            git(
+                &repo.repo(),
+                &[
+                    "show",
+                    &format!("{}:wip.txt", agent.workspace.unwrap().branch)
+                ]
+            ),
+            **id
+        );
+    }
+    repo.assert_live_worktrees(&[]);
 }
 
 #[tokio::test]

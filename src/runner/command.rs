@@ -861,6 +861,7 @@ fn transcript_text(history: &History) -> String {
             EntryKind::Result {
                 status,
                 error: Some(e),
+                ..
             } => format!(
                 "result, {}: {}: {}",
                 format!("{status:?}").to_lowercase(),

@@ -22,7 +22,7 @@ use std::{
 
 use foldhash::{HashMap, HashSet};
 
-use super::types::{AgentError, AgentId, AgentStatus, Labels};
+use super::types::{AgentError, AgentId, AgentStatus, Labels, Workspace};
 
 /// A conversation's id: the id of its first agent (a fork's own id).
 pub type ConversationId = AgentId;
@@ -46,6 +46,9 @@ pub enum EntryKind {
         status: AgentStatus,
         /// Why, unless DONE.
         error: Option<AgentError>,
+        /// What the turn's run left in its workspace, once saved (a type
+        /// with a workspace; a stopped run's arrives after its end).
+        workspace: Option<Arc<Workspace>>,
     },
 }
 
@@ -453,6 +456,29 @@ impl Conversations {
         }
     }
 
+    /// `agent`'s run saved its workspace after its turn ended (it was
+    /// stopped): the turn's result entry shows it too.
+    pub fn set_workspace(&mut self, agent: AgentId, saved: &Arc<Workspace>) {
+        let Some(place) = self.place(agent) else {
+            return;
+        };
+        let Some(turn) = self.turn_mut(place) else {
+            return;
+        };
+        let result = turn
+            .entries
+            .iter_mut()
+            .rev()
+            .find_map(|e| match &mut e.kind {
+                EntryKind::Result { workspace, .. } => Some(workspace),
+                _ => None,
+            });
+        if let Some(workspace) = result {
+            *workspace = Some(saved.clone());
+            self.changed(place.conversation);
+        }
+    }
+
     /// `agent`'s turn ended: its result entry, and the conversation's
     /// retention starts when it is the latest turn.
     pub fn end(
@@ -460,6 +486,7 @@ impl Conversations {
         agent: AgentId,
         status: AgentStatus,
         error: Option<AgentError>,
+        workspace: Option<Arc<Workspace>>,
         output: Arc<str>,
         at: SystemTime,
     ) {
@@ -467,7 +494,11 @@ impl Conversations {
             return;
         };
         turn.entries.push(Entry {
-            kind: EntryKind::Result { status, error },
+            kind: EntryKind::Result {
+                status,
+                error,
+                workspace,
+            },
             at,
             text: output,
         });
@@ -728,7 +759,7 @@ mod tests {
     fn ended_conversation(c: &mut Conversations, at: u64) -> AgentId {
         let a = Uuid::now_v7();
         c.begin(a, "t".into(), inherited(), "first".into(), t(at));
-        c.end(a, AgentStatus::Done, None, "one".into(), t(at + 1));
+        c.end(a, AgentStatus::Done, None, None, "one".into(), t(at + 1));
         a
     }
 
@@ -780,7 +811,7 @@ mod tests {
         let b = Uuid::now_v7();
         let from = c.continuable("t", a, false).unwrap().from;
         c.continue_with(from, b, inherited(), "second".into(), t(5));
-        c.end(b, AgentStatus::Failed, None, "two".into(), t(6));
+        c.end(b, AgentStatus::Failed, None, None, "two".into(), t(6));
         let from = c.continuable("t", a, true).unwrap().from;
         let f = Uuid::now_v7();
         assert_eq!(c.fork(from, f, inherited(), "fork".into(), t(7)), 2);
@@ -822,7 +853,7 @@ mod tests {
         c.continue_with(from, b, inherited(), "second".into(), t(50));
         // Live: never swept.
         assert_eq!(c.sweep(t(1000)), 0);
-        c.end(b, AgentStatus::Cancelled, None, "".into(), t(1000));
+        c.end(b, AgentStatus::Cancelled, None, None, "".into(), t(1000));
         assert_eq!(c.sweep(t(1099)), 0);
         assert_eq!(c.sweep(t(1100)), 1);
         assert!(c.place(a).is_none() && c.place(b).is_none() && c.is_empty());
@@ -847,7 +878,7 @@ mod tests {
         assert_eq!(&conv.turns[0].entries[0].text[..1], "a");
         // One entry alone over the bound keeps its end.
         let huge: Arc<str> = format!("{}END", "x".repeat(10_000)).into();
-        c.end(a, AgentStatus::Done, None, huge, t(3));
+        c.end(a, AgentStatus::Done, None, None, huge, t(3));
         let conv = c.get(a).unwrap();
         assert_eq!(conv.text_bytes(), 4096);
         assert!(conv.turns[0].entries[0].text.ends_with("END"));
@@ -863,7 +894,7 @@ mod tests {
         let b = Uuid::now_v7();
         let from = c.continuable("t", a, false).unwrap().from;
         c.continue_with(from, b, inherited(), "second".into(), t(5));
-        c.end(b, AgentStatus::Done, None, "two".into(), t(6));
+        c.end(b, AgentStatus::Done, None, None, "two".into(), t(6));
         let (changed, removed) = c.take_changes();
         assert_eq!(changed.len(), 1);
         assert!(removed.is_empty());

@@ -175,7 +175,7 @@ pub(crate) mod tests {
         };
         all.begin(first, "t".into(), inherited.clone(), "first".into(), at);
         all.record(first, EntryKind::Steer, "more".into(), at);
-        all.end(first, AgentStatus::Done, None, "one".into(), at);
+        all.end(first, AgentStatus::Done, None, None, "one".into(), at);
         let from = all.continuable("t", first, false).unwrap().from;
         all.continue_with(from, second, inherited, "second".into(), at);
         all.set_session(second, "session-1".into());
@@ -186,6 +186,7 @@ pub(crate) mod tests {
                 code: "TIMEOUT".into(),
                 message: "slow".into(),
             }),
+            None,
             "partial".into(),
             at,
         );

@@ -287,6 +287,9 @@ struct EntryRow {
     /// A result's error.
     #[prost(message, optional, tag = "5")]
     error: Option<ErrorRow>,
+    /// A result's workspace (absent in older rows).
+    #[prost(message, optional, tag = "6")]
+    workspace: Option<WorkspaceRow>,
 }
 
 /// Encodes a conversation as its `conversations` row.
@@ -366,15 +369,20 @@ fn turn_of(r: TurnRow) -> Result<Turn, StoreError> {
 }
 
 fn entry_row(e: &Entry) -> EntryRow {
-    let (status, error) = match &e.kind {
-        EntryKind::Result { status, error } => (
+    let (status, error, workspace) = match &e.kind {
+        EntryKind::Result {
+            status,
+            error,
+            workspace,
+        } => (
             status_code(*status),
             error.as_ref().map(|e| ErrorRow {
                 code: e.code.to_string(),
                 message: e.message.to_string(),
             }),
+            workspace.as_deref().map(workspace_row),
         ),
-        _ => (0, None),
+        _ => (0, None, None),
     };
     EntryRow {
         kind: entry_code(&e.kind),
@@ -382,6 +390,7 @@ fn entry_row(e: &Entry) -> EntryRow {
         text: e.text.to_string(),
         status,
         error,
+        workspace,
     }
 }
 
@@ -396,6 +405,7 @@ fn entry_of(r: EntryRow) -> Result<Entry, StoreError> {
                 code: e.code.into(),
                 message: e.message.into(),
             }),
+            workspace: r.workspace.map(workspace_of),
         },
         other => return Err(corrupt("entry kind", format!("unknown code {other}"))),
     };
@@ -403,6 +413,30 @@ fn entry_of(r: EntryRow) -> Result<Entry, StoreError> {
         kind,
         at: time_of(r.at),
         text: r.text.into(),
+    })
+}
+
+fn workspace_row(w: &Workspace) -> WorkspaceRow {
+    WorkspaceRow {
+        branch: w.branch.clone(),
+        kept: w.kept,
+        base_commit: w.base_commit.clone(),
+        head_commit: w.head_commit.clone(),
+        files_changed: w.files_changed,
+        insertions: w.insertions,
+        deletions: w.deletions,
+    }
+}
+
+fn workspace_of(w: WorkspaceRow) -> Arc<Workspace> {
+    Arc::new(Workspace {
+        branch: w.branch,
+        kept: w.kept,
+        base_commit: w.base_commit,
+        head_commit: w.head_commit,
+        files_changed: w.files_changed,
+        insertions: w.insertions,
+        deletions: w.deletions,
     })
 }
 
@@ -516,15 +550,7 @@ fn view_row(v: &AgentView) -> ViewRow {
         started_at: v.started_at.map(nanos),
         finished_at: v.finished_at.map(nanos),
         collected_at: v.collected_at.map(nanos),
-        workspace: v.workspace.as_deref().map(|w| WorkspaceRow {
-            branch: w.branch.clone(),
-            kept: w.kept,
-            base_commit: w.base_commit.clone(),
-            head_commit: w.head_commit.clone(),
-            files_changed: w.files_changed,
-            insertions: w.insertions,
-            deletions: w.deletions,
-        }),
+        workspace: v.workspace.as_deref().map(workspace_row),
         result: v.result.to_string(),
         error: v.error.as_ref().map(error_row),
         approval: v.approval.as_ref().map(|a| ApprovalRow {
@@ -633,17 +659,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
         started_at: r.started_at.map(time_of),
         finished_at: r.finished_at.map(time_of),
         collected_at: r.collected_at.map(time_of),
-        workspace: r.workspace.map(|w| {
-            Arc::new(Workspace {
-                branch: w.branch,
-                kept: w.kept,
-                base_commit: w.base_commit,
-                head_commit: w.head_commit,
-                files_changed: w.files_changed,
-                insertions: w.insertions,
-                deletions: w.deletions,
-            })
-        }),
+        workspace: r.workspace.map(workspace_of),
         result: r.result.into(),
         error: r.error.map(error_of),
         approval: r
@@ -949,6 +965,15 @@ pub(crate) mod tests {
                             EntryKind::Result {
                                 status: AgentStatus::Failed,
                                 error: Some(AgentError::new("RUN_FAILED", "boom")),
+                                workspace: Some(Arc::new(Workspace {
+                                    branch: "subagentd/y".into(),
+                                    kept: true,
+                                    base_commit: "c".repeat(40),
+                                    head_commit: "d".repeat(40),
+                                    files_changed: 1,
+                                    insertions: 2,
+                                    deletions: 3,
+                                })),
                             },
                             4,
                             "partial",
@@ -967,6 +992,7 @@ pub(crate) mod tests {
                             EntryKind::Result {
                                 status: AgentStatus::Done,
                                 error: None,
+                                workspace: None,
                             },
                             100,
                             "done",

@@ -1,11 +1,11 @@
 //! Transcripts and a continuation's history, both ways.
 
-use std::time::SystemTime;
+use std::{sync::Arc, time::SystemTime};
 
 use uuid::Uuid;
 
 use super::{
-    agent::{status_from_pb, status_to_pb, timestamp},
+    agent::{status_from_pb, status_to_pb, timestamp, workspace_from_pb, workspace_to_pb},
     check::{non_empty, truncate},
 };
 use crate::pb;
@@ -85,6 +85,7 @@ pub fn history_from_assignment(
                     .error
                     .as_ref()
                     .map(|err| AgentError::new(&err.code, err.message.clone())),
+                workspace: e.workspace.as_ref().map(|w| Arc::new(workspace_from_pb(w))),
             },
             pb::TranscriptEntryKind::Unspecified => {
                 return Err(format!("transcript entry of unknown kind {}", e.kind));
@@ -119,14 +120,19 @@ pub(super) fn elided_to_pb(elided: &Elided) -> pb::TranscriptEntry {
 }
 
 pub(super) fn entry_to_pb(agent_id: AgentId, turn: u32, entry: &Entry) -> pb::TranscriptEntry {
-    let (kind, status, error) = match &entry.kind {
-        EntryKind::Prompt => (pb::TranscriptEntryKind::Prompt, None, None),
-        EntryKind::Steer => (pb::TranscriptEntryKind::Steer, None, None),
-        EntryKind::ToolCall => (pb::TranscriptEntryKind::ToolCall, None, None),
-        EntryKind::Result { status, error } => (
+    let (kind, status, error, workspace) = match &entry.kind {
+        EntryKind::Prompt => (pb::TranscriptEntryKind::Prompt, None, None, None),
+        EntryKind::Steer => (pb::TranscriptEntryKind::Steer, None, None, None),
+        EntryKind::ToolCall => (pb::TranscriptEntryKind::ToolCall, None, None, None),
+        EntryKind::Result {
+            status,
+            error,
+            workspace,
+        } => (
             pb::TranscriptEntryKind::Result,
             Some(*status),
             error.as_ref(),
+            workspace.as_deref(),
         ),
     };
     pb::TranscriptEntry {
@@ -140,6 +146,7 @@ pub(super) fn entry_to_pb(agent_id: AgentId, turn: u32, entry: &Entry) -> pb::Tr
             code: e.code.to_string(),
             message: e.message.to_string(),
         }),
+        workspace: workspace.map(workspace_to_pb),
         ..pb::TranscriptEntry::default()
     }
 }

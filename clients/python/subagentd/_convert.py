@@ -131,20 +131,20 @@ def agent(message: pb.Agent) -> Agent:
         turn=message.turn,
         attempts=tuple(attempt(a) for a in message.attempts),
         collected_time=_time(message, "collected_time"),
-        workspace=(
-            Workspace(
-                branch=message.workspace.branch,
-                kept=message.workspace.kept,
-                base_commit=message.workspace.base_commit,
-                head_commit=message.workspace.head_commit,
-                files_changed=message.workspace.files_changed,
-                insertions=message.workspace.insertions,
-                deletions=message.workspace.deletions,
-            )
-            if message.HasField("workspace")
-            else None
-        ),
+        workspace=workspace(message.workspace) if message.HasField("workspace") else None,
         proto=message,
+    )
+
+
+def workspace(message: pb.Workspace) -> Workspace:
+    return Workspace(
+        branch=message.branch,
+        kept=message.kept,
+        base_commit=message.base_commit,
+        head_commit=message.head_commit,
+        files_changed=message.files_changed,
+        insertions=message.insertions,
+        deletions=message.deletions,
     )
 
 
@@ -187,6 +187,7 @@ def transcript_entry(message: pb.TranscriptEntry) -> TranscriptEntry:
         error=_error(message.error) if message.HasField("error") else None,
         elided_entries=message.elided_entries,
         elided_bytes=message.elided_bytes,
+        workspace=workspace(message.workspace) if message.HasField("workspace") else None,
         proto=message,
     )
 

@@ -254,8 +254,8 @@ class SteerResult:
 
 @dataclass(frozen=True)
 class TranscriptEntry:
-    """One entry of a conversation's transcript. `status` and `error` are
-    set on RESULT entries; `elided_*` on ELIDED ones."""
+    """One entry of a conversation's transcript. `status`, `error` and
+    `workspace` are set on RESULT entries; `elided_*` on ELIDED ones."""
 
     kind: TranscriptEntryKind
     agent_id: str
@@ -266,6 +266,8 @@ class TranscriptEntry:
     error: Optional[AgentError]
     elided_entries: int
     elided_bytes: int
+    #: RESULT of a turn whose type has a workspace: what its run left there.
+    workspace: Optional[Workspace]
     proto: "subagents_pb2.TranscriptEntry" = field(repr=False, compare=False)
 
 

@@ -13,7 +13,7 @@ import unittest
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from subagentd import AgentStatus, Client, InvalidRequest
+from subagentd import AgentStatus, Client, InvalidRequest, TranscriptEntryKind
 from subagents.v1 import subagents_pb2 as pb
 
 from test_workers_e2e import TIMEOUT, Server
@@ -56,6 +56,9 @@ class WorkspaceTest(unittest.TestCase):
     def test_a_run_leaves_its_work_on_a_branch_the_agent_names(self) -> None:
         with Client(self.server.addr) as c:
             agent = c.spawn("coder", "go", model="acme/m", workspace_base="v1", call_timeout=TIMEOUT)
+            results = [e for e in c.transcript(agent.id) if e.kind == TranscriptEntryKind.RESULT]
+        # The turn's RESULT entry carries the same workspace.
+        self.assertEqual([e.workspace for e in results], [agent.workspace])
         self.assertEqual(agent.status, AgentStatus.DONE)
         ws = agent.workspace
         assert ws is not None

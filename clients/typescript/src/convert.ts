@@ -21,6 +21,7 @@ import type {
   TranscriptEntry,
   TranscriptEntryKind,
   Usage,
+  Workspace,
 } from "./types.js";
 
 /** A literal for each value of a generated enum, and back; `UNSPECIFIED` (0) has none. */
@@ -190,15 +191,7 @@ export function agentFromPb(a: pb.Agent): Agent {
     continuesId: orUndefined(a.continuesId),
     turn: a.turn,
     collectedAt: date(a.collectedTime),
-    workspace: a.workspace && {
-      branch: a.workspace.branch,
-      kept: a.workspace.kept,
-      baseCommit: a.workspace.baseCommit,
-      headCommit: a.workspace.headCommit,
-      filesChanged: a.workspace.filesChanged,
-      insertions: a.workspace.insertions,
-      deletions: a.workspace.deletions,
-    },
+    workspace: a.workspace && workspaceFromPb(a.workspace),
     raw: a,
   });
 }
@@ -223,6 +216,18 @@ export function eventFromPb(e: pb.WatchAgentsResponse): AgentEvent {
   });
 }
 
+function workspaceFromPb(w: pb.Workspace): Workspace {
+  return Object.freeze({
+    branch: w.branch,
+    kept: w.kept,
+    baseCommit: w.baseCommit,
+    headCommit: w.headCommit,
+    filesChanged: w.filesChanged,
+    insertions: w.insertions,
+    deletions: w.deletions,
+  });
+}
+
 export function transcriptEntryFromPb(e: pb.TranscriptEntry): TranscriptEntry {
   return Object.freeze({
     kind: TRANSCRIPT_KIND.literal(e.kind),
@@ -234,6 +239,7 @@ export function transcriptEntryFromPb(e: pb.TranscriptEntry): TranscriptEntry {
     error: agentError(e.error),
     elidedEntries: Number(e.elidedEntries),
     elidedBytes: Number(e.elidedBytes),
+    workspace: e.workspace && workspaceFromPb(e.workspace),
     raw: e,
   });
 }

@@ -170,6 +170,8 @@ export interface TranscriptEntry {
   readonly error: AgentError | undefined;
   readonly elidedEntries: number;
   readonly elidedBytes: number;
+  /** "result" entries of a type with a workspace: what the turn's run left there, once saved. */
+  readonly workspace: Workspace | undefined;
   readonly raw: pb.TranscriptEntry;
 }
 

@@ -140,7 +140,9 @@ impl Core {
             self.finished.push_back((now, id));
             let rec = &self.agents[&id];
             let (error, output) = (rec.view.error.clone(), rec.view.result.clone());
-            self.conversations.end(id, to, error, output, now);
+            let workspace = rec.view.workspace.clone();
+            self.conversations
+                .end(id, to, error, workspace, output, now);
         }
         if to.is_settled() {
             if let Some(waiters) = self.waiters.remove(&id) {

@@ -258,10 +258,12 @@ impl Core {
         let Some(rec) = self.agents.get_mut(&id) else {
             return;
         };
-        rec.view.workspace = Some(Arc::new(workspace));
+        let workspace = Arc::new(workspace);
+        rec.view.workspace = Some(workspace.clone());
         let ended = rec.view.status.is_terminal();
         self.changed(id);
         if ended {
+            self.conversations.set_workspace(id, &workspace);
             self.publish(id, EventKind::WorkspaceSaved);
         }
     }
