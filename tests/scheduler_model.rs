@@ -1755,7 +1755,8 @@ impl Harness {
                     WorkerCommand::Steer { .. } => {}
                     // Sent by the scheduler once a terminal report is
                     // durable, never by the core.
-                    WorkerCommand::Released { agent_id, .. } => {
+                    WorkerCommand::Released { agent_id, .. }
+                    | WorkerCommand::WorkspaceAnswered { agent_id, .. } => {
                         panic!("{ctx}: the core released {agent_id}")
                     }
                 }

@@ -820,13 +820,15 @@ mod on_a_worker {
     use common::child::{ChildServer, ChildWorker};
 
     const SERVER: &str = "[limits]\nmax_background_agents = 40\ndefault_concurrency = 0\n\
-                          max_concurrent_per_parent = 0\n\n[agents.coder]\nrunner = \"worker\"\n";
+                          max_concurrent_per_parent = 0\n\n[agents.coder]\nrunner = \"worker\"\n\n\
+                          [agents.plain]\nrunner = \"worker\"\n";
 
     fn worker_toml(repo: &Repo, script: &str) -> String {
         format!(
             "[worker]\nname = \"w1\"\ncapacity = 4\n\n[agents.coder]\nrunner = \"command\"\n\
              command = [\"sh\", {script:?}]\nworkspace = \"worktree\"\nrepo = {repo:?}\n\
-             root = {root:?}\nkill_grace = \"200ms\"\n",
+             root = {root:?}\nkill_grace = \"200ms\"\n\n\
+             [agents.plain]\nrunner = \"command\"\ncommand = [\"true\"]\n",
             repo = repo.repo(),
             root = repo.root(),
         )
@@ -882,6 +884,14 @@ mod on_a_worker {
         assert_eq!(status(&unknown), pb::AgentStatus::Failed);
         assert_eq!(unknown.error.unwrap().code, "WORKSPACE_BASE_UNKNOWN");
         assert_eq!(unknown.workspace, None);
+        // A type without a workspace on the worker: refused there too.
+        let mut req = coder("go", false);
+        req.agent = "plain".into();
+        req.workspace_base = "main".into();
+        let plain = spawn(&mut client, req).await;
+        let error = plain.error.expect("failed");
+        assert_eq!(error.code, "WORKSPACE_BASE_UNKNOWN");
+        assert!(error.message.contains("has no workspace"), "{error:?}");
 
         // A continuation goes on on the continued agent's branch.
         let mut next = coder("go", false);
@@ -924,6 +934,10 @@ mod on_a_worker {
             ),
             "draft"
         );
+        assert_eq!(
+            transcript_workspace(&mut client, &waiting.id).await,
+            Some(saved)
+        );
         repo.assert_live_worktrees(&[]);
     }
 
@@ -955,6 +969,11 @@ mod on_a_worker {
             .trim_start_matches("pid=")
             .parse()
             .unwrap();
+        repo.assert_live_worktrees(&[&agent.id]);
+        // A second worker on the same root would take this one's live
+        // worktrees for a killed worker's: it does not start.
+        let second = ChildWorker::start_unconnected(&server.addr, &worker_toml(&repo, &script));
+        assert!(!second.exit_status().await.success());
         repo.assert_live_worktrees(&[&agent.id]);
         worker.signal(nix::sys::signal::Signal::SIGKILL);
         worker.exit_status().await;
@@ -990,7 +1009,7 @@ mod on_a_worker {
         );
         repo.assert_live_worktrees(&[]);
         assert!(!repo.root().join(&agent.id).exists());
-        assert!(!repo.root().join(format!("{}.group", agent.id)).exists());
+        assert!(!repo.root().join(format!("{}.run", agent.id)).exists());
         // Gone, or a zombie nobody reaped yet.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         assert!(

@@ -110,9 +110,12 @@ impl AgentService for AgentServiceImpl {
             spec.tenant = principal.tenant.clone();
             if let Some(base) = &spec.workspace_base {
                 // The scheduler runs no git: the ref is checked here, so
-                // nothing is created for one the repository lacks.
+                // nothing is created for one the repository lacks (a retry
+                // gets its agent back, whatever became of the ref).
                 if let Some(agent_type) = self.scheduler.agent_type(&spec.agent) {
-                    crate::runner::workspace::check_base(&agent_type, base).await?;
+                    if !self.scheduler.is_retry(&spec) {
+                        crate::runner::workspace::check_base(&agent_type, base).await?;
+                    }
                 }
             }
             if spec.background {

@@ -41,7 +41,7 @@ use tokio::{
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::workspace::{Saved, Spec, Start, WorkspaceError, Workspaces, Worktree};
+use super::workspace::{RunRecord, Saved, Spec, Start, WorkspaceError, Workspaces, Worktree};
 use super::{Run, RunOutcome, Runner};
 use crate::config::{AgentTypeConfig, PromptInput, SteerInput};
 use crate::scheduler::{
@@ -426,17 +426,21 @@ impl RunWorkspace {
             .as_ref()
             .is_some_and(|c| c.conversation_id == run.agent.id);
         let start = match (&run.continues_workspace, &run.workspace_base) {
-            (Some(w), _) if w.kept && !fork => Start::Branch {
-                branch: w.branch.clone(),
-                head: w.head_commit.clone(),
-            },
+            // A branch of this type's own (a worker reported it: never
+            // another, such as the repository's `main`).
+            (Some(w), _) if w.kept && !fork && w.branch.starts_with(&ctx.spec.branch_prefix) => {
+                Start::Branch {
+                    branch: w.branch.clone(),
+                    head: w.head_commit.clone(),
+                }
+            }
             (Some(w), _) => Start::Commit(w.head_commit.clone()),
             (None, Some(base)) => Start::Ref(base.to_string()),
             (None, None) => Start::Ref(ctx.spec.base.clone()),
         };
         let worktree = ctx
             .workspaces
-            .create(&ctx.spec, &id, &start)
+            .create(&ctx.spec, &id, run.agent.attempt, &start)
             .await
             .map_err(|e| match (e, &run.workspace_base) {
                 (WorkspaceError::UnknownRef(_), Some(base)) => AgentError::new(
@@ -612,7 +616,7 @@ async fn start(
                 // Beside its worktree too, for whoever finds the worktree
                 // after a crash (a worker records nowhere else).
                 if let Some(worktree) = worktree {
-                    if let Err(e) = super::workspace::write_group(&worktree.path, group) {
+                    if let Err(e) = RunRecord::record_group(&worktree.path, group) {
                         return Err(AgentError::new(
                             CODE_WORKSPACE_FAILED,
                             format!(
@@ -1096,34 +1100,53 @@ fn start_ticks(pid: i32) -> Option<u64> {
 /// returns the agent's description for the commit message) is saved — a
 /// program still running in it is stopped first (SIGTERM, SIGKILL after
 /// `grace`), then its changes are committed to its branch and the worktree
-/// is removed and pruned. Returns the saved ones by agent id.
+/// is removed and pruned. Returns the saved ones, with the attempt their
+/// record names (None without a record).
 pub async fn sweep_worktrees(
     workspaces: &Workspaces,
     spec: &Spec,
     grace: Duration,
     settled: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<(String, Saved)>, WorkspaceError> {
-    let mut saved = Vec::new();
-    for (id, worktree) in workspaces.list(spec).await? {
-        let Some(description) = settled(&id) else {
+) -> Result<Vec<SweptWorktree>, WorkspaceError> {
+    let mut swept = Vec::new();
+    for left in workspaces.list(spec).await? {
+        let Some(description) = settled(&left.id) else {
             continue;
         };
-        if let Some(group) = super::workspace::read_group(&worktree.path) {
+        let id = left.id;
+        if let Some(group) = left.record.as_ref().and_then(|r| r.group_this_boot()) {
             if stop_orphaned_group(group, grace).await {
                 info!(agent_id = %id, pgid = group.pgid, "stopped a program that outlived its run");
             }
         }
-        match workspaces.save(spec, &worktree, &id, &description).await {
-            Ok(s) => {
-                info!(agent_id = %id, branch = %s.branch, kept = s.kept, "saved a worktree a crash left");
-                saved.push((id, s));
+        match workspaces
+            .save(spec, &left.worktree, &id, &description)
+            .await
+        {
+            Ok(saved) => {
+                info!(agent_id = %id, branch = %saved.branch, kept = saved.kept, "saved a worktree a crash left");
+                swept.push(SweptWorktree {
+                    attempt: left.record.map(|r| r.attempt),
+                    id,
+                    saved,
+                });
             }
             Err(e) => {
-                warn!(agent_id = %id, worktree = %worktree.path.display(), error = %e, "saving a worktree a crash left failed");
+                warn!(agent_id = %id, worktree = %left.worktree.path.display(), error = %e, "saving a worktree a crash left failed");
             }
         }
     }
-    Ok(saved)
+    Ok(swept)
+}
+
+/// A worktree [`sweep_worktrees`] saved.
+#[derive(Debug)]
+pub struct SweptWorktree {
+    /// The agent id.
+    pub id: String,
+    /// The attempt its record names; None without a record.
+    pub attempt: Option<u32>,
+    pub saved: Saved,
 }
 
 /// At recovery: stops a command run's process group that outlived a crash

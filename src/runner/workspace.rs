@@ -124,6 +124,16 @@ pub struct Worktree {
     pub created_branch: bool,
 }
 
+/// A worktree [`Workspaces::list`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Left {
+    /// The agent id its folder is named after.
+    pub id: String,
+    pub worktree: Worktree,
+    /// Its record, when one was written.
+    pub record: Option<RunRecord>,
+}
+
 /// What a run's worktree left behind once it was saved and removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Saved {
@@ -151,31 +161,82 @@ impl From<Saved> for crate::scheduler::Workspace {
     }
 }
 
-/// The file beside a worktree that names the process group running in it
-/// (`<root>/<agent id>.group`), written before the program runs and removed
-/// with the worktree: whoever finds the worktree after a crash (the server,
-/// or `subagentd worker` started again) stops a program that outlived it
-/// before saving its work.
-pub fn group_file(worktree: &Path) -> PathBuf {
-    worktree.with_extension("group")
+/// What is recorded beside a run's worktree (`<root>/<agent id>.run`),
+/// for whoever finds the worktree after a crash (the server's recovery, or
+/// `subagentd worker` started again): where the worktree started (git does
+/// not record it), whose attempt it is, and the program's process group, so
+/// a program that outlived its server or worker is stopped before its work
+/// is committed. Written when the worktree is created and again before the
+/// program runs; removed with the worktree.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    /// The commit the worktree was created at.
+    pub base_commit: String,
+    /// The run's attempt (`Agent.attempt`).
+    pub attempt: u32,
+    /// The program's process group, once it was started.
+    pub group: Option<RecordedGroup>,
 }
 
-/// Records `group` as the one running in `worktree`.
-pub fn write_group(worktree: &Path, group: ProcessGroup) -> std::io::Result<()> {
-    std::fs::write(
-        group_file(worktree),
-        format!("{} {}\n", group.pgid, group.start_ticks),
-    )
+/// A process group as [`RunRecord`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedGroup {
+    pub pgid: i32,
+    /// The leader's start time (clock ticks since boot).
+    pub start_ticks: u64,
+    /// The boot it was started in (`/proc/sys/kernel/random/boot_id`): after
+    /// a reboot the pgid may be another program's.
+    pub boot_id: String,
 }
 
-/// The process group recorded for `worktree`, if any.
-pub fn read_group(worktree: &Path) -> Option<ProcessGroup> {
-    let text = std::fs::read_to_string(group_file(worktree)).ok()?;
-    let (pgid, ticks) = text.trim().split_once(' ')?;
-    Some(ProcessGroup {
-        pgid: pgid.parse().ok()?,
-        start_ticks: ticks.parse().ok()?,
-    })
+impl RunRecord {
+    fn path(worktree: &Path) -> PathBuf {
+        worktree.with_extension("run")
+    }
+
+    /// The record beside `worktree`, if one was written and reads.
+    pub fn read(worktree: &Path) -> Option<Self> {
+        let text = std::fs::read(Self::path(worktree)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    fn write(&self, worktree: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        // Whole or not at all: a crash mid-write must not leave half a record.
+        let partial = worktree.with_extension("run.partial");
+        std::fs::write(&partial, text)?;
+        std::fs::rename(partial, Self::path(worktree))
+    }
+
+    fn remove(worktree: &Path) {
+        let _ = std::fs::remove_file(Self::path(worktree));
+    }
+
+    /// Records `group` as the program running in `worktree`.
+    pub fn record_group(worktree: &Path, group: ProcessGroup) -> std::io::Result<()> {
+        let mut record = Self::read(worktree).unwrap_or_default();
+        record.group = Some(RecordedGroup {
+            pgid: group.pgid,
+            start_ticks: group.start_ticks,
+            boot_id: boot_id(),
+        });
+        record.write(worktree)
+    }
+
+    /// The recorded process group, if it was started in this boot.
+    pub fn group_this_boot(&self) -> Option<ProcessGroup> {
+        let g = self.group.as_ref().filter(|g| g.boot_id == boot_id())?;
+        Some(ProcessGroup {
+            pgid: g.pgid,
+            start_ticks: g.start_ticks,
+        })
+    }
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// A git command that failed, or a ref git does not know.
@@ -233,18 +294,21 @@ impl Workspaces {
         .await
         {
             Ok(commit) => Ok(commit),
-            Err(WorkspaceError::Git { .. }) => {
+            // `--verify --quiet` says "no such commit" by failing silently;
+            // anything it says is another failure (no repository, no git).
+            Err(WorkspaceError::Git { stderr, .. }) if stderr.is_empty() => {
                 Err(WorkspaceError::UnknownRef(reference.to_owned()))
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Creates agent `id`'s worktree at `start`.
+    /// Creates agent `id`'s worktree at `start`, for its attempt `attempt`.
     pub async fn create(
         &self,
         spec: &Spec,
         id: &str,
+        attempt: u32,
         start: &Start,
     ) -> Result<Worktree, WorkspaceError> {
         let lock = self.lock_of(&spec.repo);
@@ -258,6 +322,7 @@ impl Workspaces {
         if path.exists() {
             commit_all(spec, &path, id, "").await?;
             remove_worktree(&spec.repo, &path).await?;
+            RunRecord::remove(&path);
         }
         let own_branch = format!("{}{id}", spec.branch_prefix);
         // Where the worktree goes, after the fallbacks: a branch that
@@ -315,6 +380,15 @@ impl Workspaces {
                 (own_branch, commit, true)
             }
         };
+        let record = RunRecord {
+            base_commit: base_commit.clone(),
+            attempt,
+            group: None,
+        };
+        if let Err(e) = record.write(&path) {
+            remove_worktree(&spec.repo, &path).await?;
+            return Err(io_error("write", &RunRecord::path(&path), e));
+        }
         Ok(Worktree {
             path,
             branch,
@@ -346,7 +420,7 @@ impl Workspaces {
             .await?,
         );
         remove_worktree(&spec.repo, wt).await?;
-        let _ = std::fs::remove_file(group_file(wt));
+        RunRecord::remove(wt);
         let kept = match spec.keep {
             Keep::Always => true,
             Keep::Never => false,
@@ -371,8 +445,9 @@ impl Workspaces {
     }
 
     /// The worktrees under `spec.root` git knows, by agent id (the
-    /// folder's name), with their branches: what a restart finds left.
-    pub async fn list(&self, spec: &Spec) -> Result<Vec<(String, Worktree)>, WorkspaceError> {
+    /// folder's name), with their branches and records: what a restart
+    /// finds left.
+    pub async fn list(&self, spec: &Spec) -> Result<Vec<Left>, WorkspaceError> {
         let lock = self.lock_of(&spec.repo);
         let _serial = lock.lock().await;
         let listing = git(&spec.repo, ["worktree", "list", "--porcelain"]).await?;
@@ -397,23 +472,29 @@ impl Workspaces {
             let Some(id) = path.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
-            // What the run started from is not recorded in git: the point
-            // its branch left `base` stands in for it.
-            let base_commit = match git(&spec.repo, ["merge-base", &spec.base, &branch]).await {
-                Ok(base) => base,
-                Err(_) => git(&spec.repo, ["rev-parse", &branch]).await?,
+            // Where the run started is in its record; without one (a crash
+            // between `worktree add` and the record), the point its branch
+            // left `base` stands in for it.
+            let record = RunRecord::read(&path);
+            let base_commit = match &record {
+                Some(r) => r.base_commit.clone(),
+                None => match git(&spec.repo, ["merge-base", &spec.base, &branch]).await {
+                    Ok(base) => base,
+                    Err(_) => git(&spec.repo, ["rev-parse", &branch]).await?,
+                },
             };
-            found.push((
-                id.to_owned(),
-                Worktree {
+            found.push(Left {
+                id: id.to_owned(),
+                worktree: Worktree {
                     path: path.clone(),
                     branch,
                     base_commit,
                     // Deleted under `keep = "changes"` only when it has
-                    // nothing beyond `base`: nothing is lost then.
+                    // nothing beyond its start: nothing is lost then.
                     created_branch: true,
                 },
-            ));
+                record,
+            });
         }
         Ok(found)
     }
@@ -498,15 +579,16 @@ pub async fn check_base(
     }
     match Workspaces::new().resolve(repo, base).await {
         Ok(_) => Ok(()),
-        Err(e) => Err(crate::scheduler::Error::invalid(
+        Err(WorkspaceError::UnknownRef(_)) => Err(crate::scheduler::Error::invalid(
             "workspace_base",
-            match e {
-                WorkspaceError::UnknownRef(_) => format!(
-                    "{base:?} names no branch, tag or commit of the agent type's repository"
-                ),
-                e => format!("{base:?} could not be checked: {e}"),
-            },
+            format!("{base:?} names no branch, tag or commit of the agent type's repository"),
         )),
+        // Not the caller's doing (git failed to run, the repository moved):
+        // admitted, and the run's start reports what is wrong.
+        Err(e) => {
+            tracing::warn!(error = %e, "checking a Spawn's workspace_base failed; admitting it");
+            Ok(())
+        }
     }
 }
 
@@ -702,7 +784,7 @@ mod tests {
         let spec = spec(repo.path(), root.path(), Keep::Changes);
         let ws = Workspaces::new();
         let wt = ws
-            .create(&spec, "a1", &Start::Ref("HEAD".into()))
+            .create(&spec, "a1", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
         assert_eq!(wt.branch, "subagentd/a1");
@@ -752,7 +834,7 @@ mod tests {
             let spec = spec(repo.path(), root.path(), keep);
             let id = format!("{keep:?}");
             let wt = ws
-                .create(&spec, &id, &Start::Ref("main".into()))
+                .create(&spec, &id, 1, &Start::Ref("main".into()))
                 .await
                 .unwrap();
             let saved = ws.save(&spec, &wt, &id, "").await.unwrap();
@@ -775,7 +857,7 @@ mod tests {
         let ws = Workspaces::new();
         for bad in ["no-such-branch", "--output=/tmp/x", "-b", ""] {
             let err = ws
-                .create(&spec, "x", &Start::Ref(bad.into()))
+                .create(&spec, "x", 1, &Start::Ref(bad.into()))
                 .await
                 .unwrap_err();
             assert_eq!(err, WorkspaceError::UnknownRef(bad.into()));
@@ -792,7 +874,7 @@ mod tests {
         let spec = spec(repo.path(), root.path(), Keep::Changes);
         let ws = Workspaces::new();
         let first = ws
-            .create(&spec, "t1", &Start::Ref("HEAD".into()))
+            .create(&spec, "t1", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
         std::fs::write(first.path.join("one.txt"), "1\n").unwrap();
@@ -802,7 +884,7 @@ mod tests {
             branch: one.branch.clone(),
             head: one.head_commit.clone(),
         };
-        let second = ws.create(&spec, "t2", &start).await.unwrap();
+        let second = ws.create(&spec, "t2", 1, &start).await.unwrap();
         assert_eq!(second.branch, "subagentd/t1");
         assert!(second.path.join("one.txt").exists());
         std::fs::write(second.path.join("two.txt"), "2\n").unwrap();
@@ -811,7 +893,7 @@ mod tests {
         assert_eq!(two.files_changed, 1);
 
         let fork = ws
-            .create(&spec, "f1", &Start::Commit(one.head_commit.clone()))
+            .create(&spec, "f1", 1, &Start::Commit(one.head_commit.clone()))
             .await
             .unwrap();
         assert_eq!(fork.branch, "subagentd/f1");
@@ -830,7 +912,7 @@ mod tests {
             let (ws, spec) = (ws.clone(), spec.clone());
             async move {
                 let id = format!("p{n}");
-                let wt = ws.create(&spec, &id, &Start::Ref("HEAD".into())).await?;
+                let wt = ws.create(&spec, &id, 1, &Start::Ref("HEAD".into())).await?;
                 std::fs::write(wt.path.join(format!("f{n}.txt")), "mine\n").unwrap();
                 ws.save(&spec, &wt, &id, "").await
             }
@@ -852,12 +934,12 @@ mod tests {
         let ws = Workspaces::new();
         // The first attempt writes and is never saved (the server died).
         let first = ws
-            .create(&spec, "r1", &Start::Ref("HEAD".into()))
+            .create(&spec, "r1", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
         std::fs::write(first.path.join("attempt1.txt"), "1\n").unwrap();
         let again = ws
-            .create(&spec, "r1", &Start::Ref("HEAD".into()))
+            .create(&spec, "r1", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
         assert_eq!(again.branch, "subagentd/r1");
@@ -879,7 +961,7 @@ mod tests {
         let spec = spec(repo.path(), root.path(), Keep::Changes);
         let ws = Workspaces::new();
         let first = ws
-            .create(&spec, "c1", &Start::Ref("HEAD".into()))
+            .create(&spec, "c1", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
         std::fs::write(first.path.join("one.txt"), "1\n").unwrap();
@@ -889,7 +971,7 @@ mod tests {
             branch: one.branch.clone(),
             head: one.head_commit.clone(),
         };
-        let second = ws.create(&spec, "c2", &on).await.unwrap();
+        let second = ws.create(&spec, "c2", 1, &on).await.unwrap();
         assert!(!second.created_branch);
         let two = ws.save(&spec, &second, "c2", "").await.unwrap();
         assert!(two.kept);
@@ -898,7 +980,7 @@ mod tests {
         git(repo.path(), ["branch", "-D", "subagentd/c1"])
             .await
             .unwrap();
-        let third = ws.create(&spec, "c3", &on).await.unwrap();
+        let third = ws.create(&spec, "c3", 1, &on).await.unwrap();
         assert_eq!(
             (third.branch.as_str(), third.base_commit.as_str()),
             ("subagentd/c3", one.head_commit.as_str())
@@ -907,7 +989,7 @@ mod tests {
         ws.save(&spec, &third, "c3", "").await.unwrap();
         // A head the repository does not have: a new branch at base.
         let gone = Start::Commit("0123456789012345678901234567890123456789".into());
-        let fourth = ws.create(&spec, "c4", &gone).await.unwrap();
+        let fourth = ws.create(&spec, "c4", 1, &gone).await.unwrap();
         assert!(!fourth.path.join("one.txt").exists());
         assert_eq!(
             fourth.base_commit,
@@ -923,13 +1005,42 @@ mod tests {
         let spec = spec(repo.path(), root.path(), Keep::Changes);
         let ws = Workspaces::new();
         let wt = ws
-            .create(&spec, "left", &Start::Ref("HEAD".into()))
+            .create(&spec, "left", 1, &Start::Ref("HEAD".into()))
             .await
             .unwrap();
+        RunRecord::record_group(
+            &wt.path,
+            ProcessGroup {
+                pgid: 4242,
+                start_ticks: 7,
+            },
+        )
+        .unwrap();
         let found = ws.list(&spec).await.unwrap();
         assert_eq!(found.len(), 1);
-        assert_eq!(found[0].0, "left");
-        assert_eq!(found[0].1.branch, wt.branch);
+        assert_eq!(found[0].id, "left");
+        assert_eq!(found[0].worktree, wt);
+        // Its record: where it started, whose attempt, and the group of
+        // this boot (a reboot's pgid could be anyone's).
+        let record = found[0].record.clone().expect("a record");
+        assert_eq!(
+            (record.base_commit.as_str(), record.attempt),
+            (wt.base_commit.as_str(), 1)
+        );
+        assert_eq!(
+            record.group_this_boot(),
+            Some(ProcessGroup {
+                pgid: 4242,
+                start_ticks: 7
+            })
+        );
+        let mut other_boot = record;
+        other_boot.group.as_mut().unwrap().boot_id = "another boot".into();
+        assert_eq!(other_boot.group_this_boot(), None);
+        // Saved: the record goes with the worktree.
+        ws.save(&spec, &wt, "left", "").await.unwrap();
+        assert_eq!(RunRecord::read(&wt.path), None);
+        assert!(ws.list(&spec).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -98,6 +98,14 @@ pub enum WorkerCommand {
         /// The attempt that ended.
         attempt: u32,
     },
+    /// An unnumbered workspace report of the agent's attempt was taken
+    /// (durably) or refused: the worker stops sending it again.
+    WorkspaceAnswered {
+        /// The report's agent.
+        agent_id: AgentId,
+        /// The report's attempt.
+        attempt: u32,
+    },
 }
 
 /// Where a worker's report stands among its run's reports.

@@ -121,9 +121,9 @@ async fn sweep_workspaces(config: &Config, scheduler: &Scheduler) -> usize {
                 }
             };
         saved_count += saved.len();
-        for (id, saved) in saved {
-            if let Ok(agent_id) = id.parse::<uuid::Uuid>() {
-                scheduler.set_workspace(agent_id, saved.into()).await;
+        for swept in saved {
+            if let Ok(agent_id) = swept.id.parse::<uuid::Uuid>() {
+                scheduler.set_workspace(agent_id, swept.saved.into()).await;
             }
         }
     }

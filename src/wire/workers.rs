@@ -200,6 +200,12 @@ pub fn worker_command_to_pb(command: WorkerCommand) -> pb::ConnectResponse {
         WorkerCommand::Released { agent_id, attempt } => M::Released(pb::RunReleased {
             agent_id: agent_id.to_string(),
             attempt,
+            workspace: false,
+        }),
+        WorkerCommand::WorkspaceAnswered { agent_id, attempt } => M::Released(pb::RunReleased {
+            agent_id: agent_id.to_string(),
+            attempt,
+            workspace: true,
         }),
     };
     pb::ConnectResponse {

@@ -114,9 +114,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
     let token = crate::client::bearer_header(args.token.as_deref())?;
-    let left = prepare_workspaces(&config).await?;
+    // The root locks are held until the worker exits.
+    let (left, _root_locks) = prepare_workspaces(&config).await?;
     let worker = Worker::new(config, url, token, args.token.as_deref().map(Arc::from));
-    worker.state.lock().unsent = left;
+    worker.state.lock().unanswered = left;
     let stop = CancellationToken::new();
     let mut sessions = tokio::spawn(worker.clone().sessions(endpoint, stop.clone()));
     let mut signals = StopSignals::new()?;
@@ -144,11 +145,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 }
 
 /// Before the first session: each workspace type's `repo` must be a git
-/// repository (else the worker does not start, naming the key), and the
-/// worktrees a killed worker left under its `root` are saved — a program
-/// still running in one stopped, its changes committed to its branch, the
-/// worktree removed. Returns their workspace reports, for the server.
-async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::RunEvent>> {
+/// repository (else the worker does not start, naming the key); its `root`
+/// is locked for this process (another worker on it would take this one's
+/// live worktrees for a killed worker's); and the worktrees a killed worker
+/// left under it are saved — a program still running in one stopped, its
+/// changes committed to its branch, the worktree removed. Returns their
+/// workspace reports, for the server, and the held locks.
+async fn prepare_workspaces(
+    config: &WorkerConfig,
+) -> anyhow::Result<(Vec<pb::RunEvent>, Vec<std::fs::File>)> {
     use crate::runner::{
         command::sweep_worktrees,
         workspace::{check_repository, Spec, Workspaces},
@@ -156,6 +161,7 @@ async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::Run
     let workspaces = Workspaces::new();
     let mut seen = std::collections::HashSet::new();
     let mut reports = Vec::new();
+    let mut locks: HashMap<PathBuf, std::fs::File> = HashMap::new();
     for (name, agent_type) in &config.agents {
         // `root` is required here (the config says so), so every
         // workspace type has a spec.
@@ -165,6 +171,10 @@ async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::Run
         check_repository(&spec.repo)
             .await
             .with_context(|| format!("agents.{name}.repo"))?;
+        if !locks.contains_key(&spec.root) {
+            let lock = lock_root(&spec.root).with_context(|| format!("agents.{name}.root"))?;
+            locks.insert(spec.root.clone(), lock);
+        }
         if !seen.insert((spec.repo.clone(), spec.root.clone())) {
             continue;
         }
@@ -175,13 +185,38 @@ async fn prepare_workspaces(config: &WorkerConfig) -> anyhow::Result<Vec<pb::Run
         })
         .await
         .with_context(|| format!("saving the worktrees left under agents.{name}.root"))?;
-        for (id, saved) in saved {
-            info!(agent_id = %id, branch = %saved.branch, "saved a worktree a killed worker left");
-            let workspace = wire::workers::workspace(&saved.into());
-            reports.push(wire::workers::run_event(&id, 0, 0, workspace));
+        for swept in saved {
+            // The server takes it only for the attempt that ran here (a run
+            // it retried elsewhere has a workspace of its own).
+            let Some(attempt) = swept.attempt else {
+                warn!(agent_id = %swept.id, "a worktree without its record was saved, not reported");
+                continue;
+            };
+            let workspace = wire::workers::workspace(&swept.saved.into());
+            reports.push(wire::workers::run_event(&swept.id, 0, attempt, workspace));
         }
     }
-    Ok(reports)
+    Ok((reports, locks.into_values().collect()))
+}
+
+/// Locks `root` for this worker process (an advisory lock on
+/// `root/.subagentd-worker.lock`, released when the process exits however
+/// it ends); refused while another process holds it.
+fn lock_root(root: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+    let path = root.join(".subagentd-worker.lock");
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{} is in use by another subagentd worker: give each worker a root of its own",
+            root.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
 }
 
 /// Answers to a hello that retrying cannot change: a hello the server's
@@ -235,9 +270,10 @@ struct State {
     /// the server's to treat as lost.
     closing: bool,
     /// Workspace reports of runs the worker no longer holds (stopped runs,
-    /// worktrees a killed worker left) made while no session was open:
-    /// sent when the next one opens.
-    unsent: Vec<pb::RunEvent>,
+    /// worktrees a killed worker left), unnumbered: kept until the server
+    /// answers them (`released` with `workspace`), and sent again on each
+    /// new session until then.
+    unanswered: Vec<pb::RunEvent>,
 }
 
 /// A run the worker holds.
@@ -405,8 +441,8 @@ impl Worker {
                 let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
             }
         }
-        for event in std::mem::take(&mut state.unsent) {
-            let _ = tx.send(wire::workers::up(Up::Event(event)));
+        for event in &state.unanswered {
+            let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
         }
         if state.draining {
             let _ = tx.send(wire::workers::drain("draining"));
@@ -414,16 +450,14 @@ impl Worker {
         state.session = Some((number, tx));
     }
 
-    /// Sends a report about a run the worker does not hold (any more) on
-    /// the open session, else on the next one.
+    /// Sends a workspace report of a run the worker does not hold (any
+    /// more) on the open session, and keeps it until the server answers.
     fn send_unheld(&self, event: pb::RunEvent) {
         let mut state = self.state.lock();
-        match &state.session {
-            Some((_, tx)) => {
-                let _ = tx.send(wire::workers::up(Up::Event(event)));
-            }
-            None => state.unsent.push(event),
+        if let Some((_, tx)) = &state.session {
+            let _ = tx.send(wire::workers::up(Up::Event(event.clone())));
         }
+        state.unanswered.push(event);
     }
 
     /// Session `number` is over: reports wait for the next one.
@@ -473,6 +507,12 @@ impl Worker {
                         note: decision.note,
                     });
                 }
+            }
+            Down::Released(released) if released.workspace => {
+                let mut state = self.state.lock();
+                state
+                    .unanswered
+                    .retain(|e| (&e.agent_id, e.attempt) != (&released.agent_id, released.attempt));
             }
             Down::Released(released) => {
                 let mut state = self.state.lock();

@@ -163,7 +163,7 @@ async fn engine_times(
         let id = uuid::Uuid::now_v7().to_string();
         let started = Instant::now();
         let worktree = workspaces
-            .create(&spec, &id, &Start::Ref("HEAD".into()))
+            .create(&spec, &id, 1, &Start::Ref("HEAD".into()))
             .await?;
         create.push(ms(started.elapsed()));
         std::fs::write(worktree.path.join("d0000/f0.txt"), "changed\n")?;

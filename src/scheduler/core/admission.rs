@@ -78,6 +78,19 @@ impl Core {
         Ok(())
     }
 
+    /// Whether `spec` is a retry of an admitted Spawn (its idempotency key
+    /// names an agent): it gets that agent back, unchecked.
+    pub fn is_retry(&self, spec: &SpawnSpec) -> bool {
+        if spec.idempotency_key.is_none() {
+            return false;
+        }
+        let tenant: Arc<str> = match &*spec.tenant {
+            "" => DEFAULT_TENANT.into(),
+            named => named.into(),
+        };
+        self.earlier_spawn(&tenant, spec).is_some()
+    }
+
     /// A retry whose first response was lost gets the first agent (by
     /// idempotency key), even if its parent has ended or the config
     /// changed since.

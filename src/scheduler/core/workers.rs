@@ -208,7 +208,7 @@ impl Core {
             return false;
         }
         if let WorkerEvent::Workspace(workspace) = event {
-            return self.worker_workspace(worker, agent, workspace);
+            return self.worker_workspace(worker, agent, number.attempt, workspace);
         }
         let seq = number.seq;
         let live = rec.view.worker_id == Some(worker)
@@ -270,10 +270,20 @@ impl Core {
 
     /// A worker saved `agent`'s workspace: during the run, after the run
     /// was stopped (the worker no longer holds it), or at the worker's
-    /// start for a worktree a killed worker left. Taken from any worker
-    /// that serves the agent's tenant and type, as it could have held the
-    /// run; a repeat (a re-attach sends reports again) changes nothing.
-    fn worker_workspace(&mut self, worker: WorkerId, agent: AgentId, workspace: Workspace) -> bool {
+    /// start for a worktree a killed worker left (a new session). Taken only
+    /// for the agent's current attempt, from a worker that serves the
+    /// agent's tenant and type: while the run is live, from the worker
+    /// holding it; once it ended, only if no workspace was taken yet (a
+    /// repeat, as a re-attach sends, changes nothing). Refused when it does
+    /// not look like one (a branch git would read as an option, commits
+    /// that are not hex): a continuation checks its branch out.
+    fn worker_workspace(
+        &mut self,
+        worker: WorkerId,
+        agent: AgentId,
+        attempt: u32,
+        workspace: Workspace,
+    ) -> bool {
         let Some(rec) = self.agents.get(&agent) else {
             return false;
         };
@@ -281,13 +291,32 @@ impl Core {
             && self
                 .workers
                 .serves(worker, &rec.view.tenant, &rec.view.agent);
-        if !serves {
+        if !serves || attempt == 0 || attempt != rec.view.attempt || !plausible(&workspace) {
             return false;
         }
-        if rec.view.workspace.as_deref() != Some(&workspace) {
-            self.set_workspace(agent, workspace);
+        let live = !rec.view.status.is_terminal();
+        if live && rec.view.worker_id != Some(worker) {
+            return false;
         }
+        match rec.view.workspace.as_deref() {
+            Some(taken) if *taken == workspace => return true,
+            Some(_) if !live => return false,
+            _ => {}
+        }
+        self.set_workspace(agent, workspace);
         true
+    }
+
+    /// Tells `worker` that its unnumbered workspace report of `agent` at
+    /// `attempt` was answered (see [`WorkerCommand::WorkspaceAnswered`]).
+    pub fn answer_workspace(&self, worker: WorkerId, agent: AgentId, attempt: u32) -> bool {
+        self.workers.send(
+            worker,
+            WorkerCommand::WorkspaceAnswered {
+                agent_id: agent,
+                attempt,
+            },
+        )
     }
 
     /// Tells `worker` that its run of `agent` (at `attempt`; 0: the
@@ -311,4 +340,20 @@ impl Core {
     pub fn worker_snapshot(&self) -> Vec<(WorkerId, u32, Vec<AgentId>)> {
         self.workers.snapshot()
     }
+}
+
+/// Whether a reported workspace looks like one git made: a branch name git
+/// reads as a branch, commits in hex.
+fn plausible(w: &Workspace) -> bool {
+    let hex = |c: &str| matches!(c.len(), 40 | 64) && c.bytes().all(|b| b.is_ascii_hexdigit());
+    let branch = &w.branch;
+    !branch.is_empty()
+        && branch.len() <= 255
+        && !branch.starts_with('-')
+        && !branch.contains("..")
+        && !branch
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "~^:?*[\\".contains(c))
+        && hex(&w.base_commit)
+        && hex(&w.head_commit)
 }

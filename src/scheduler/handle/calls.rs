@@ -36,6 +36,11 @@ impl Scheduler {
         self.inspect(Core::agent_types)
     }
 
+    /// Whether `spec` repeats an admitted Spawn (see [`Core::is_retry`]).
+    pub fn is_retry(&self, spec: &SpawnSpec) -> bool {
+        self.inspect(|c| c.is_retry(spec))
+    }
+
     /// The agent type `name` as configured now.
     pub fn agent_type(&self, name: &str) -> Option<Arc<AgentTypeConfig>> {
         self.inspect(|c| c.agent_type(name))

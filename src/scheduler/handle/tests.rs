@@ -418,3 +418,96 @@ async fn an_inbox_await_leaves_no_waiter_behind() {
     assert!(started.elapsed() < Duration::from_secs(120));
     assert_eq!(waiters(&s), 0, "after a wake");
 }
+
+/// A worker's workspace report is taken for the agent's current attempt
+/// only: while the run is live from the worker holding it, once it ended
+/// only once; and only when it looks like git's. An unnumbered one is
+/// answered (taken or not), so the worker stops sending it.
+#[tokio::test]
+async fn a_worker_workspace_report_is_taken_only_for_the_current_attempt_and_once() {
+    use crate::scheduler::Workspace;
+
+    let s = scheduler_with(
+        Arc::new(CountingRunner::default()),
+        "[agents.coder]\nrunner = \"worker\"\n",
+    );
+    let register = |name: &str| {
+        let (tx, commands) = tokio::sync::mpsc::unbounded_channel();
+        let id = s.register_worker(
+            WorkerInfo {
+                tenant: DEFAULT_TENANT.into(),
+                name: name.into(),
+                agents: vec!["coder".into()],
+                capacity: 1,
+                labels: Default::default(),
+            },
+            tx,
+            &[],
+        );
+        (id, commands)
+    };
+    let (holder, mut holder_commands) = register("holder");
+    let agent = s
+        .spawn(SpawnSpec {
+            agent: "coder".into(),
+            ..spec()
+        })
+        .await
+        .unwrap();
+    let Some(WorkerCommand::Assign(_)) = holder_commands.recv().await else {
+        panic!("expected the assignment");
+    };
+    let (other, mut other_commands) = register("other");
+    let workspace = |branch: &str| Workspace {
+        branch: branch.into(),
+        kept: true,
+        base_commit: "a".repeat(40),
+        head_commit: "b".repeat(40),
+        files_changed: 1,
+        insertions: 1,
+        deletions: 0,
+    };
+    let report = |worker, attempt, w: Workspace| {
+        s.worker_report(
+            worker,
+            agent.id,
+            ReportNumber { seq: 0, attempt },
+            WorkerEvent::Workspace(w),
+        )
+    };
+    let shown = || s.inspect(|c| c.view(agent.id).unwrap().workspace);
+
+    // Live: not from another worker, not for another attempt, not a
+    // branch git would read as an option.
+    assert!(!report(other, 1, workspace("subagentd/x")));
+    assert!(!report(holder, 2, workspace("subagentd/x")));
+    assert!(!report(holder, 0, workspace("subagentd/x")));
+    assert!(!report(holder, 1, workspace("--orphan")));
+    assert_eq!(shown(), None);
+    assert!(report(holder, 1, workspace("subagentd/x")));
+    assert_eq!(shown().as_deref(), Some(&workspace("subagentd/x")));
+    // Each unnumbered report is answered.
+    for (commands, worker) in [
+        (&mut other_commands, "other"),
+        (&mut holder_commands, "holder"),
+    ] {
+        loop {
+            match commands.recv().await {
+                Some(WorkerCommand::WorkspaceAnswered { agent_id, .. }) => {
+                    assert_eq!(agent_id, agent.id, "{worker}");
+                    break;
+                }
+                Some(_) => {}
+                None => panic!("{worker}: no answer"),
+            }
+        }
+    }
+
+    // Ended: a repeat changes nothing, another workspace is refused.
+    s.cancel(&crate::scheduler::Scope::All, agent.id, "test")
+        .await
+        .unwrap();
+    assert!(report(holder, 1, workspace("subagentd/x")));
+    assert!(!report(other, 1, workspace("subagentd/y")));
+    assert_eq!(shown().as_deref(), Some(&workspace("subagentd/x")));
+}

@@ -44,9 +44,17 @@ impl Scheduler {
         event: WorkerEvent,
     ) -> bool {
         let terminal = event.is_terminal();
+        let unheld_workspace = number.seq == 0 && matches!(event, WorkerEvent::Workspace(_));
         let (accepted, ticket) =
             self.with_core_ticket(|c| c.worker_report(worker, agent, number, event));
-        if terminal {
+        if unheld_workspace {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if this.durable(ticket).await.is_ok() {
+                    this.inspect(|c| c.answer_workspace(worker, agent, number.attempt));
+                }
+            });
+        } else if terminal {
             let this = self.clone();
             tokio::spawn(async move {
                 // A failed store stops the server: the worker keeps the run
