@@ -113,6 +113,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hand_written_hex_matches_fmt() {
+        for (trace, span) in [
+            (1u128, 1u64),
+            (u128::MAX, u64::MAX),
+            (
+                0x00f0_0000_0000_0000_0000_0000_0000_0abc,
+                0x00f0_67aa_0ba9_02b7,
+            ),
+            (crate::scheduler::trace_id::TraceId::random().get(), 42),
+        ] {
+            let trace_id = crate::scheduler::trace_id::TraceId::new(trace).unwrap();
+            assert_eq!(trace_id.to_hex(), format!("{trace:032x}"));
+            assert_eq!(trace_id.to_string(), format!("{trace:032x}"));
+            for sampled in [true, false] {
+                let cx = TraceContext {
+                    trace_id,
+                    span_id: span,
+                    sampled,
+                };
+                assert_eq!(
+                    cx.traceparent(),
+                    format!("00-{trace:032x}-{span:016x}-{:02x}", u8::from(sampled))
+                );
+            }
+        }
+    }
+
+    #[test]
     fn traceparent_round_trips_and_rejects_malformed_values() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let cx = TraceContext::from_traceparent(tp).unwrap();

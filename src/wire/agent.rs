@@ -101,7 +101,7 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         detached: a.detached,
         queue_reason: a.queue_reason.as_deref().unwrap_or_default().to_owned(),
         worker_id: a.worker_id.map(|w| w.to_string()).unwrap_or_default(),
-        trace_id: a.trace_id.to_string(),
+        trace_id: a.trace_id.to_hex(),
         total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
         bucket: a.bucket.to_string(),
