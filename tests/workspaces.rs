@@ -244,6 +244,20 @@ async fn transcript_workspace(client: &mut Client, id: &str) -> Option<pb::Works
 
 type Client = subagentd::pb::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 
+/// The events of agent `id`, its output included, from its state now on.
+async fn watch_agent(client: &mut Client, id: &str) -> tonic::Streaming<pb::WatchAgentsResponse> {
+    watch(
+        client,
+        pb::WatchAgentsRequest {
+            ids: vec![id.to_owned()],
+            include_progress: true,
+            include_snapshot: true,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 fn coder(prompt: &str, background: bool) -> pb::SpawnRequest {
     pb::SpawnRequest {
         agent: "coder".into(),
@@ -380,16 +394,7 @@ async fn a_cancelled_run_is_saved_once_its_process_group_is_gone() {
     );
     let mut s = repo.server(&script, "").await;
     let agent = spawn(&mut s.client, coder("go", true)).await;
-    let mut events = watch(
-        &mut s.client,
-        pb::WatchAgentsRequest {
-            ids: vec![agent.id.clone()],
-            include_progress: true,
-            include_snapshot: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let mut events = watch_agent(&mut s.client, &agent.id).await;
     wait_for(&mut events, |ev| ev.output.contains("started")).await;
     repo.assert_live_worktrees(&[&agent.id]);
     cancel(&mut s.client, &agent.id).await;
@@ -640,16 +645,7 @@ async fn a_worktree_a_crash_left_is_saved_at_the_restart() {
     let server = ChildServer::start(&toml, &[]).await;
     let mut client = server.client().await;
     let agent = spawn(&mut client, coder("go", true)).await;
-    let mut events = watch(
-        &mut client,
-        pb::WatchAgentsRequest {
-            ids: vec![agent.id.clone()],
-            include_progress: true,
-            include_snapshot: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let mut events = watch_agent(&mut client, &agent.id).await;
     wait_for(&mut events, |ev| ev.output.contains("started")).await;
     repo.assert_live_worktrees(&[&agent.id]);
     server.signal(nix::sys::signal::Signal::SIGKILL);
@@ -781,16 +777,7 @@ async fn a_workspace_base_gone_by_the_time_the_run_starts_fails_it_with_workspac
     ))
     .await;
     let holder = spawn(&mut s.client, coder("hold", true)).await;
-    let mut events = watch(
-        &mut s.client,
-        pb::WatchAgentsRequest {
-            ids: vec![holder.id.clone()],
-            include_progress: true,
-            include_snapshot: true,
-            ..Default::default()
-        },
-    )
-    .await;
+    let mut events = watch_agent(&mut s.client, &holder.id).await;
     wait_for(&mut events, |ev| ev.output.contains("holding")).await;
     let mut req = coder("go", true);
     req.workspace_base = "short-lived".into();
@@ -905,16 +892,7 @@ mod on_a_worker {
 
         // Stopped by the server: ends at once, the workspace follows.
         let waiting = spawn(&mut client, coder("wait", true)).await;
-        let mut events = watch(
-            &mut client,
-            pb::WatchAgentsRequest {
-                ids: vec![waiting.id.clone()],
-                include_progress: true,
-                include_snapshot: true,
-                ..Default::default()
-            },
-        )
-        .await;
+        let mut events = watch_agent(&mut client, &waiting.id).await;
         wait_for(&mut events, |ev| ev.output.contains("started")).await;
         repo.assert_live_worktrees(&[&waiting.id]);
         cancel(&mut client, &waiting.id).await;
@@ -952,16 +930,7 @@ mod on_a_worker {
         let worker = ChildWorker::start(&server.addr, &worker_toml(&repo, &script)).await;
         let mut client = server.client().await;
         let agent = spawn(&mut client, coder("go", true)).await;
-        let mut events = watch(
-            &mut client,
-            pb::WatchAgentsRequest {
-                ids: vec![agent.id.clone()],
-                include_progress: true,
-                include_snapshot: true,
-                ..Default::default()
-            },
-        )
-        .await;
+        let mut events = watch_agent(&mut client, &agent.id).await;
         let started = wait_for(&mut events, |ev| ev.output.contains("pid=")).await;
         let pid: i32 = started
             .output
