@@ -26,6 +26,10 @@ use crate::tls::{Acceptor, PeerInfo};
 /// certificate: the leader, which sees the standby's certificate, trusts
 /// it only from another replica (`tls::Acceptor::is_peer`).
 pub const FORWARDED_SANS_HEADER: &str = "subagentd-forwarded-sans";
+/// The header names this layer reads on every call, parsed once: a lookup
+/// by `&str` parses the name first.
+const FORWARDED_SANS: http::HeaderName = http::HeaderName::from_static(FORWARDED_SANS_HEADER);
+const TENANT: http::HeaderName = http::HeaderName::from_static(crate::auth::jwt::TENANT_HEADER);
 /// The calls that stay open: they end when their credential is revoked.
 const LONG_LIVED: &[&str] = &[
     "/subagents.v1.AgentService/WatchAgents",
@@ -83,7 +87,7 @@ impl<S> AuthService<S> {
             .extensions()
             .get::<PeerInfo>()
             .and_then(|peer| peer.sans.clone());
-        let forwarded = req.headers().get(FORWARDED_SANS_HEADER);
+        let forwarded = req.headers().get(FORWARDED_SANS);
         match (own, forwarded, &self.tls) {
             (Some(own), Some(forwarded), Some(tls)) if tls.is_peer(&own) => {
                 let sans: Vec<Arc<str>> = forwarded
@@ -112,10 +116,7 @@ impl<S> AuthService<S> {
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes()),
             peer_sans: sans.as_deref(),
-            tenant: req
-                .headers()
-                .get(crate::auth::jwt::TENANT_HEADER)
-                .map(|v| v.as_bytes()),
+            tenant: req.headers().get(TENANT).map(|v| v.as_bytes()),
         };
         let auth = self.auth.load();
         let principal = auth.check(credential, path)?;

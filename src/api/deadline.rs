@@ -46,7 +46,8 @@ impl CallDeadline {
     /// The deadline of a call arriving now with these headers; None without
     /// a (valid) `grpc-timeout`.
     pub fn from_headers(headers: &http::HeaderMap) -> Option<Self> {
-        let timeout = parse_grpc_timeout(headers.get("grpc-timeout")?.to_str().ok()?)?;
+        const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+        let timeout = parse_grpc_timeout(headers.get(GRPC_TIMEOUT)?.to_str().ok()?)?;
         Some(Self {
             at: Instant::now() + timeout,
             timeout,
@@ -130,17 +131,21 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         // The RPC layer outside this one has read the header already.
-        let deadline = req
-            .extensions()
-            .get::<CallDeadline>()
-            .copied()
-            .or_else(|| CallDeadline::from_headers(req.headers()));
-        let timer = deadline.map(|deadline| {
-            req.extensions_mut().insert(deadline);
-            Timer {
-                deadline,
-                sleep: Box::pin(tokio::time::sleep_until(deadline.at)),
+        // The RPC layer outside put it there; without it (this layer used
+        // alone) it is read here.
+        let deadline = match req.extensions().get::<CallDeadline>() {
+            Some(deadline) => Some(*deadline),
+            None => {
+                let deadline = CallDeadline::from_headers(req.headers());
+                if let Some(deadline) = deadline {
+                    req.extensions_mut().insert(deadline);
+                }
+                deadline
             }
+        };
+        let timer = deadline.map(|deadline| Timer {
+            deadline,
+            sleep: None,
         });
         DeadlineFuture {
             inner: self.inner.call(req),
@@ -149,11 +154,23 @@ where
     }
 }
 
-/// A call's deadline and its armed timer (boxed: only calls with a
-/// deadline have one).
+/// A call's deadline and its timer, armed the first time the call is
+/// still pending when polled: most unary calls answer at their first poll
+/// and never need one (boxed: only calls that wait have one). Armed late,
+/// it still fires at the deadline read when the call came in.
 struct Timer {
     deadline: CallDeadline,
-    sleep: Pin<Box<Sleep>>,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Timer {
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.deadline.at;
+        self.sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+            .as_mut()
+            .poll(cx)
+    }
 }
 
 pin_project! {
@@ -186,7 +203,7 @@ where
         let Some(timer) = this.timer.as_mut() else {
             return Poll::Pending;
         };
-        ready!(timer.sleep.as_mut().poll(cx));
+        ready!(timer.poll_expired(cx));
         // The handler's future is dropped with this one.
         Poll::Ready(Ok(exceeded(&timer.deadline).into_http()))
     }
@@ -236,7 +253,7 @@ impl<B: Body> Body for DeadlineBody<B> {
         let Some(timer) = this.timer.as_mut() else {
             return Poll::Pending;
         };
-        ready!(timer.sleep.as_mut().poll(cx));
+        ready!(timer.poll_expired(cx));
         let status = exceeded(&timer.deadline);
         *this.timer = None;
         // Drops the stream behind the body (a watch unsubscribes).

@@ -11,10 +11,9 @@
 //! CANCELLED. A call that ends DEADLINE_EXCEEDED is also logged.
 
 use std::{
-    collections::HashSet,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     task::{ready, Context, Poll},
     time::Instant,
 };
@@ -27,7 +26,7 @@ use tracing::{field::Empty, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::api::deadline::CallDeadline;
-use crate::telemetry::metrics::{ApiMetrics, RpcLabels};
+use crate::telemetry::metrics::{ApiMetrics, RpcLabels, RpcSeries};
 
 /// The layer (see the module docs).
 #[derive(Debug, Clone)]
@@ -38,16 +37,29 @@ pub struct RpcLayer {
 #[derive(Debug)]
 struct Shared {
     metrics: ApiMetrics,
-    /// `/service/method` paths this server serves; others are labelled
-    /// `unknown` so a client cannot grow the label set without bound.
-    known: HashSet<&'static str>,
+    /// `/service/method` paths this server serves, as indexes into
+    /// `methods`; others are labelled `unknown` so a client cannot grow
+    /// the label set without bound.
+    known: foldhash::HashMap<String, usize>,
+    methods: Vec<Method>,
+}
+
+/// A method this server serves.
+#[derive(Debug)]
+struct Method {
+    service: &'static str,
+    method: &'static str,
+    /// Its OK calls' series, found once: most calls end OK, and a family
+    /// lookup hashes the labels under a lock each time.
+    ok: OnceLock<RpcSeries>,
 }
 
 impl RpcLayer {
     /// A layer recording into `metrics`, naming the methods of `services`
     /// (decoded file descriptor sets) in its labels.
     pub fn new(metrics: ApiMetrics, descriptor_sets: &[&[u8]]) -> Self {
-        let mut known = HashSet::new();
+        let mut known = foldhash::HashMap::default();
+        let mut methods = Vec::new();
         for bytes in descriptor_sets {
             let Ok(set) = <prost_types::FileDescriptorSet as prost::Message>::decode(*bytes) else {
                 continue;
@@ -57,14 +69,29 @@ impl RpcLayer {
                     for method in &service.method {
                         let path =
                             format!("/{}.{}/{}", file.package(), service.name(), method.name());
-                        // Leaked once at startup: a fixed, small set.
-                        known.insert(&*Box::leak(path.into_boxed_str()));
+                        // Leaked once at startup: a fixed, small set of
+                        // label values.
+                        let service: &'static str = Box::leak(
+                            format!("{}.{}", file.package(), service.name()).into_boxed_str(),
+                        );
+                        let method: &'static str =
+                            Box::leak(method.name().to_owned().into_boxed_str());
+                        known.insert(path, methods.len());
+                        methods.push(Method {
+                            service,
+                            method,
+                            ok: OnceLock::new(),
+                        });
                     }
                 }
             }
         }
         Self {
-            shared: Arc::new(Shared { metrics, known }),
+            shared: Arc::new(Shared {
+                metrics,
+                known,
+                methods,
+            }),
         }
     }
 }
@@ -114,11 +141,12 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
         let path = req.uri().path();
-        let (service, method) = match self.shared.known.get(path) {
-            Some(known) => {
-                let (service, method) = known[1..].split_once('/').unwrap_or((known, ""));
-                (service, method)
-            }
+        let known = self.shared.known.get(path).copied();
+        let (service, method) = match known {
+            Some(i) => (
+                self.shared.methods[i].service,
+                self.shared.methods[i].method,
+            ),
             None => ("unknown", "unknown"),
         };
         // DEBUG: without an exporter (which enables it for itself) and with
@@ -158,6 +186,7 @@ where
                 deadline,
                 service,
                 method,
+                known,
                 shared: self.shared.clone(),
             }),
         }
@@ -171,6 +200,8 @@ struct Call {
     deadline: Option<CallDeadline>,
     service: &'static str,
     method: &'static str,
+    /// The method's index in [`Shared::methods`], if this server serves it.
+    known: Option<usize>,
     shared: Arc<Shared>,
 }
 
@@ -209,7 +240,14 @@ impl Call {
             method: self.method,
             code: name,
         };
-        self.shared.metrics.rpc(&labels, self.started.elapsed());
+        let elapsed = self.started.elapsed();
+        match self.known.map(|i| &self.shared.methods[i]) {
+            Some(m) if code == tonic::Code::Ok => {
+                m.ok.get_or_init(|| self.shared.metrics.rpc_series(&labels))
+                    .observe(elapsed)
+            }
+            _ => self.shared.metrics.rpc(&labels, elapsed),
+        }
     }
 }
 
@@ -245,8 +283,12 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
+/// Parsed once: a lookup by `&str` parses the name first, and every call
+/// looks twice (headers, trailers).
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
 fn grpc_status(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    let value = headers.get("grpc-status")?.to_str().ok()?;
+    let value = headers.get(GRPC_STATUS)?.to_str().ok()?;
     Some(tonic::Code::from(value.parse::<i32>().ok()?))
 }
 

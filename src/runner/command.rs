@@ -795,7 +795,10 @@ fn command(
         Some(addr) => cmd.env("SUBAGENTD_ADDR", addr),
         None => cmd.env_remove("SUBAGENTD_ADDR"),
     };
-    cmd.env("TRACEPARENT", &*run.traceparent);
+    match run.traceparent() {
+        Some(traceparent) => cmd.env("TRACEPARENT", traceparent),
+        None => cmd.env_remove("TRACEPARENT"),
+    };
     // The run's own credential; without one the inherited environment
     // (and the type's `env`) stand.
     if let Some(token) = &run.credential {

@@ -137,7 +137,7 @@ async fn chat(client: reqwest::Client, mut run: Run) -> Result<String, Failure> 
         key: api_key(&cfg).map_err(Failure::retryable)?,
         model: server_model(&cfg, &run.agent.model),
         cfg: &cfg,
-        traceparent: run.traceparent.clone(),
+        traceparent: run.traceparent(),
     };
     let mut messages = Vec::new();
     if let Some(system) = &cfg.system_prompt {
@@ -218,7 +218,7 @@ struct Request<'a> {
     key: Option<String>,
     model: String,
     cfg: &'a AgentTypeConfig,
-    traceparent: std::sync::Arc<str>,
+    traceparent: Option<String>,
 }
 
 impl Request<'_> {
@@ -298,7 +298,9 @@ impl Request<'_> {
             if let Some(key) = &self.key {
                 request = request.bearer_auth(key);
             }
-            request = request.header("traceparent", &*self.traceparent);
+            if let Some(traceparent) = &self.traceparent {
+                request = request.header("traceparent", traceparent);
+            }
             let retry_in = match request.send().await {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) if retryable(response.status()) && attempt < MAX_ATTEMPTS => {

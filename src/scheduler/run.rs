@@ -14,6 +14,7 @@ use super::{
     conversation::History,
     error::Error,
     inbox::SteerInbox,
+    trace::TraceContext,
     types::{AgentError, AgentId, AgentView, ApprovalOutcome, TurnVerdict, Usage, Workspace},
 };
 use crate::config::AgentTypeConfig;
@@ -40,9 +41,10 @@ pub struct Run {
     pub reporter: RunReporter,
     /// The agent type's config as of the run's start.
     pub agent_type: Arc<AgentTypeConfig>,
-    /// W3C trace context of the run (its span, or the context it
-    /// inherited when spans are not recorded); always set.
-    pub traceparent: Arc<str>,
+    /// The run's trace context (its span, or the context it inherited
+    /// when spans are not recorded): set on the server; on a worker, what
+    /// its assignment carried. See [`Run::traceparent`].
+    pub trace: Option<TraceContext>,
     /// The run's own credential (`SUBAGENTD_TOKEN` for a program), valid
     /// while the run lives; None when calls need none.
     pub credential: Option<Arc<str>>,
@@ -55,6 +57,15 @@ pub struct Run {
     /// A continuation or fork of an agent whose workspace was saved: that
     /// workspace, where this run's worktree starts (None otherwise).
     pub continues_workspace: Option<Arc<Workspace>>,
+}
+
+impl Run {
+    /// The run's W3C `traceparent`, for a runner that passes it on (a
+    /// program's environment, an HTTP header). Made when asked: most runs
+    /// of the simulated runner never do.
+    pub fn traceparent(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::traceparent)
+    }
 }
 
 /// Executes runs of one kind of agent.

@@ -2,9 +2,13 @@
 //! lock it already holds (plain integers: no atomics, no extra lock) and
 //! read by the metrics endpoint when it is scraped.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    hash::{BuildHasher, Hash, Hasher},
+    sync::Arc,
+    time::Duration,
+};
 
-use foldhash::HashMap;
+use hashbrown::HashTable;
 
 use super::{queue::BucketKey, types::AgentStatus};
 
@@ -132,21 +136,33 @@ impl BucketStats {
 /// never go back (Prometheus counters must only grow).
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
-    /// Tenant → bucket → numbers: looked up by `&str` on every change, so
-    /// no key is cloned but the first time.
-    tenants: HashMap<Arc<str>, HashMap<BucketKey, BucketStats>>,
+    /// (tenant, bucket, numbers), found by one hash of the two names: a
+    /// Spawn changes its bucket's numbers five times, and a table keyed by
+    /// the pair needs no key cloned but the first time (a map of maps
+    /// looked up by `&str` took four probes per change).
+    buckets: HashTable<(Arc<str>, BucketKey, BucketStats)>,
+    hasher: foldhash::fast::RandomState,
+}
+
+fn hash_pair(state: &foldhash::fast::RandomState, tenant: &str, bucket: &str) -> u64 {
+    let mut h = state.build_hasher();
+    tenant.hash(&mut h);
+    bucket.hash(&mut h);
+    h.finish()
 }
 
 impl Stats {
     fn bucket(&mut self, tenant: &Arc<str>, bucket: &BucketKey) -> &mut BucketStats {
-        if !self.tenants.contains_key(&**tenant) {
-            self.tenants.insert(tenant.clone(), HashMap::default());
-        }
-        let buckets = self.tenants.get_mut(&**tenant).expect("inserted above");
-        if !buckets.contains_key(&**bucket) {
-            buckets.insert(bucket.clone(), BucketStats::default());
-        }
-        buckets.get_mut(&**bucket).expect("inserted above")
+        let hasher = &self.hasher;
+        let entry = self.buckets.entry(
+            hash_pair(hasher, tenant, bucket),
+            |(t, b, _)| **t == **tenant && **b == **bucket,
+            |(t, b, _)| hash_pair(hasher, t, b),
+        );
+        &mut entry
+            .or_insert_with(|| (tenant.clone(), bucket.clone(), BucketStats::default()))
+            .into_mut()
+            .2
     }
 
     /// A new agent of `tenant` entered `bucket` (it starts QUEUED).
@@ -212,9 +228,7 @@ impl Stats {
 
     /// Every (tenant, bucket) seen, in no particular order.
     pub fn buckets(&self) -> impl Iterator<Item = (&Arc<str>, &BucketKey, &BucketStats)> {
-        self.tenants
-            .iter()
-            .flat_map(|(t, buckets)| buckets.iter().map(move |(b, s)| (t, b, s)))
+        self.buckets.iter().map(|(t, b, s)| (t, b, s))
     }
 }
 

@@ -88,6 +88,15 @@ impl ApiMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// The two series of `labels`, to update without a lookup: the RPC
+    /// layer keeps those of each method's OK calls, which most calls are.
+    pub fn rpc_series(&self, labels: &RpcLabels) -> RpcSeries {
+        RpcSeries {
+            requests: self.rpc_requests.get_or_create(labels).clone(),
+            duration: self.rpc_duration.get_or_create(labels).clone(),
+        }
+    }
+
     /// A Spawn of `tenant` was refused with `reason`.
     pub fn spawn_rejected(&self, tenant: &str, reason: &'static str) {
         self.rejected
@@ -101,6 +110,22 @@ impl ApiMetrics {
     /// A WatchAgents subscriber was cut off for falling behind.
     pub fn watch_lagged(&self) {
         self.watch_lagged.inc();
+    }
+}
+
+/// One label set's RPC counter and latency histogram (shared with the
+/// families they came from).
+#[derive(Debug, Clone)]
+pub struct RpcSeries {
+    requests: Counter,
+    duration: Histogram,
+}
+
+impl RpcSeries {
+    /// One RPC of these labels ended after `elapsed`.
+    pub fn observe(&self, elapsed: Duration) {
+        self.requests.inc();
+        self.duration.observe(elapsed.as_secs_f64());
     }
 }
 

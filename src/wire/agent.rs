@@ -68,13 +68,13 @@ pub fn workspace_from_pb(w: &pb::Workspace) -> Workspace {
 /// An agent as the API shows it; `now` fixes `elapsed_ms` for running agents.
 pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
     pb::Agent {
-        id: a.id.to_string(),
-        tenant: a.tenant.to_string(),
-        agent: a.agent.to_string(),
-        model: a.model.to_string(),
-        description: a.description.to_string(),
-        parent_id: a.parent_id.map(|p| p.to_string()).unwrap_or_default(),
-        root_id: a.root_id.to_string(),
+        id: uuid_text(&a.id),
+        tenant: a.tenant.as_ref().to_owned(),
+        agent: a.agent.as_ref().to_owned(),
+        model: a.model.as_ref().to_owned(),
+        description: a.description.as_ref().to_owned(),
+        parent_id: a.parent_id.as_ref().map(uuid_text).unwrap_or_default(),
+        root_id: uuid_text(&a.root_id),
         lead_id: a.lead_id.as_deref().unwrap_or_default().to_owned(),
         depth: a.depth,
         status: status_to_pb(a.status) as i32,
@@ -84,12 +84,12 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         collected_time: a.collected_at.map(timestamp),
         workspace: a.workspace.as_deref().map(workspace_to_pb),
         elapsed_ms: u64::try_from(a.elapsed(now).as_millis()).unwrap_or(u64::MAX),
-        result: a.result.to_string(),
+        result: a.result.as_ref().to_owned(),
         error: a.error.as_ref().map(error_to_pb),
         approval: a.approval.as_ref().map(|ap| pb::Approval {
-            id: ap.id.to_string(),
-            tool_name: ap.tool_name.to_string(),
-            detail: ap.detail.to_string(),
+            id: uuid_text(&ap.id),
+            tool_name: ap.tool_name.as_ref().to_owned(),
+            detail: ap.detail.as_ref().to_owned(),
         }),
         usage: Some(usage_to_pb(&a.usage)),
         labels: a
@@ -104,12 +104,12 @@ pub fn agent_to_pb(a: &AgentView, now: SystemTime) -> pb::Agent {
         trace_id: a.trace_id.to_hex(),
         total_usage: Some(usage_to_pb(&a.total_usage)),
         attempt: a.attempt,
-        bucket: a.bucket.to_string(),
-        conversation_id: a.conversation_id().to_string(),
+        bucket: a.bucket.as_ref().to_owned(),
+        conversation_id: uuid_text(&a.conversation_id()),
         continues_id: a
             .continuation
             .as_ref()
-            .map(|c| c.continues_id.to_string())
+            .map(|c| uuid_text(&c.continues_id))
             .unwrap_or_default(),
         turn: a.turn(),
         attempts: attempts_to_pb(a),
@@ -125,7 +125,7 @@ pub(super) fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
         .zip(1..)
         .map(|(x, n)| pb::AgentAttempt {
             attempt: n,
-            model: x.model.to_string(),
+            model: x.model.as_ref().to_owned(),
             error: Some(error_to_pb(&x.error)),
             started_at: x.started_at.map(timestamp),
             ended_at: Some(timestamp(x.ended_at)),
@@ -135,7 +135,7 @@ pub(super) fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
         let ended_now = a.status.is_terminal();
         out.push(pb::AgentAttempt {
             attempt: a.attempt,
-            model: a.model.to_string(),
+            model: a.model.as_ref().to_owned(),
             error: a.error.as_ref().filter(|_| ended_now).map(error_to_pb),
             started_at: a.attempt_started_at().map(timestamp),
             ended_at: a.finished_at.filter(|_| ended_now).map(timestamp),
@@ -146,9 +146,16 @@ pub(super) fn attempts_to_pb(a: &AgentView) -> Vec<pb::AgentAttempt> {
 
 pub(super) fn error_to_pb(e: &AgentError) -> pb::AgentError {
     pb::AgentError {
-        code: e.code.to_string(),
-        message: e.message.to_string(),
+        code: e.code.as_ref().to_owned(),
+        message: e.message.as_ref().to_owned(),
     }
+}
+
+/// An id as the API writes it (hyphenated, lower case), without the
+/// `fmt` machinery `to_string` goes through: every answer carries several.
+pub(super) fn uuid_text(id: &Uuid) -> String {
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    id.hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 /// The agent of a worker's assignment, as a worker process hands it to

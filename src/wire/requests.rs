@@ -332,7 +332,8 @@ pub fn parse_steer(req: pb::SteerRequest) -> Result<(AgentId, String), Error> {
 /// carries a valid one (an invalid one is ignored, as the W3C spec asks,
 /// rather than refused).
 pub fn trace_context_from(metadata: &tonic::metadata::MetadataMap) -> Option<TraceContext> {
-    TraceContext::from_traceparent(metadata.get("traceparent")?.to_str().ok()?)
+    const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+    TraceContext::from_traceparent(metadata.as_ref().get(TRACEPARENT)?.to_str().ok()?)
 }
 
 /// Parses an ApproveRequest.

@@ -42,6 +42,7 @@ use crate::{
     scheduler::{
         crashed,
         inbox::{steer_inbox, SteerSender},
+        trace::TraceContext,
         ApprovalOutcome, Usage, Workspace, CODE_CANCELLED,
     },
     wire,
@@ -614,7 +615,7 @@ impl Worker {
             steer: inbox,
             cancel: cancel.clone(),
             agent_type,
-            traceparent: assignment.traceparent.into(),
+            trace: TraceContext::from_traceparent(&assignment.traceparent),
             credential: self.program_token.clone(),
             history,
             workspace_base,

@@ -8,25 +8,43 @@ use std::{
     sync::Arc,
 };
 
+use foldhash::HashMap;
+
 use crate::scheduler::types::*;
 
 /// Agents in admission order, over every tenant and per tenant, so a
 /// tenant's listing reads only its own agents (an admin's, every one).
+/// The per-tenant half is a tree of integers per tenant: one tree keyed by
+/// (tenant, sequence) compared strings at every level on each change (a
+/// Spawn makes six), which cost more than the hash lookup of the tenant.
 #[derive(Debug, Default)]
 pub(super) struct SeqIndex {
     pub(super) all: BTreeMap<u64, AgentId>,
-    pub(super) by_tenant: BTreeMap<(Arc<str>, u64), AgentId>,
+    pub(super) by_tenant: HashMap<Arc<str>, BTreeMap<u64, AgentId>>,
 }
 
 impl SeqIndex {
     pub(super) fn insert(&mut self, tenant: &Arc<str>, seq: u64, id: AgentId) {
         self.all.insert(seq, id);
-        self.by_tenant.insert((tenant.clone(), seq), id);
+        match self.by_tenant.get_mut(&**tenant) {
+            Some(own) => {
+                own.insert(seq, id);
+            }
+            None => {
+                self.by_tenant
+                    .insert(tenant.clone(), BTreeMap::from([(seq, id)]));
+            }
+        }
     }
 
     pub(super) fn remove(&mut self, tenant: &Arc<str>, seq: u64) {
         self.all.remove(&seq);
-        self.by_tenant.remove(&(tenant.clone(), seq));
+        // An emptied tenant's tree stays (its node too): a live-by-status
+        // index empties and refills at every Spawn of a quiet tenant. One
+        // entry per tenant seen, as the metrics keep.
+        if let Some(own) = self.by_tenant.get_mut(&**tenant) {
+            own.remove(&seq);
+        }
     }
 
     pub(super) fn contains(&self, seq: u64) -> bool {
@@ -46,11 +64,10 @@ impl SeqIndex {
         from: u64,
     ) -> Box<dyn Iterator<Item = (u64, &'a AgentId)> + 'a> {
         match tenant {
-            Some(t) => Box::new(
-                self.by_tenant
-                    .range((t.clone(), from)..=(t.clone(), u64::MAX))
-                    .map(|((_, seq), id)| (*seq, id)),
-            ),
+            Some(t) => match self.by_tenant.get(&**t) {
+                Some(own) => Box::new(own.range(from..).map(|(&seq, id)| (seq, id))),
+                None => Box::new(std::iter::empty()),
+            },
             None => Box::new(self.all.range(from..).map(|(&seq, id)| (seq, id))),
         }
     }
@@ -58,11 +75,11 @@ impl SeqIndex {
     /// (tenant, sequence) of every entry of the per-tenant half and (None,
     /// sequence) of the other, for [`Core::counters`].
     pub(super) fn entries(&self) -> impl Iterator<Item = (Option<String>, u64)> + '_ {
-        self.all.keys().map(|seq| (None, *seq)).chain(
-            self.by_tenant
-                .keys()
-                .map(|(t, seq)| (Some(t.to_string()), *seq)),
-        )
+        let own = self
+            .by_tenant
+            .iter()
+            .flat_map(|(t, seqs)| seqs.keys().map(move |seq| (Some(t.to_string()), *seq)));
+        self.all.keys().map(|seq| (None, *seq)).chain(own)
     }
 }
 

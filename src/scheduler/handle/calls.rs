@@ -10,7 +10,7 @@ use std::{
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::Scheduler;
+use super::{Scheduler, Starting};
 use crate::config::AgentTypeConfig;
 use crate::scheduler::{
     conversation,
@@ -49,7 +49,8 @@ impl Scheduler {
     /// Admits an agent and returns at once (RUNNING or QUEUED; for a
     /// foreground spec it is already running).
     pub async fn spawn(&self, spec: SpawnSpec) -> Result<AgentView, Error> {
-        let (spawned, ticket) = self.with_core_ticket(|c| c.spawn(spec, SystemTime::now()));
+        let (spawned, ticket) =
+            self.with_core_starting(|c| c.spawn(spec, SystemTime::now()), Starting::PolledFirst);
         let (view, _) = spawned?;
         self.durable(ticket).await?;
         Ok(view)

@@ -100,7 +100,7 @@ impl Scheduler {
             cancel: cancel.clone(),
             reporter: RunReporter::core(id, Arc::new(self.clone())),
             agent_type,
-            traceparent: start.trace.traceparent().into(),
+            trace: Some(start.trace),
             credential: credential.as_ref().map(|c| c.token().clone()),
             history: start.history,
             workspace_base: start.workspace_base,

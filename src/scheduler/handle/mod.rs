@@ -12,7 +12,13 @@ mod tests;
 pub mod watch;
 mod workers;
 
-use std::{collections::HashMap, sync::Arc, time::SystemTime};
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::Arc,
+    task::{Context, Waker},
+    time::SystemTime,
+};
 
 use parking_lot::Mutex;
 
@@ -35,6 +41,20 @@ struct Shared {
     durability: std::sync::OnceLock<Durability>,
     /// Set when calls need a credential: each in-process run gets one.
     run_credentials: std::sync::OnceLock<Arc<dyn RunCredentials>>,
+}
+
+/// How [`Scheduler::with_core_starting`] starts the runs the core admitted
+/// (without a store; with one they wait in a task for durability).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Starting {
+    /// Each in a task of its own.
+    Spawned,
+    /// Each polled once by the caller first, and given a task only if it
+    /// is still pending: a run that ends at its first poll (the simulated
+    /// runner's, a refusal) costs no task. Only for callers that are not
+    /// a run themselves: a run that ends starts the next queued ones, and
+    /// polling them inline would nest one run in another.
+    PolledFirst,
 }
 
 /// The core as the store's writer sees it.
@@ -89,6 +109,15 @@ impl Scheduler {
     /// change, for [`Scheduler::durable`]. With a store, runs start only
     /// once the change that admitted them is durable.
     fn with_core_ticket<R>(&self, f: impl FnOnce(&mut Core) -> R) -> (R, u64) {
+        self.with_core_starting(f, Starting::Spawned)
+    }
+    /// [`Scheduler::with_core_ticket`], starting the runs as `starting`
+    /// says.
+    fn with_core_starting<R>(
+        &self,
+        f: impl FnOnce(&mut Core) -> R,
+        starting: Starting,
+    ) -> (R, u64) {
         let (out, starts, grace_timers, ended, sink, ticket) = {
             let mut core = self.shared.core.lock();
             let out = f(&mut core);
@@ -112,7 +141,24 @@ impl Scheduler {
         match self.shared.durability.get() {
             None => {
                 for start in starts {
-                    tokio::spawn(self.clone().drive(start));
+                    let run = self.clone().drive(start);
+                    match starting {
+                        Starting::Spawned => {
+                            tokio::spawn(run);
+                        }
+                        Starting::PolledFirst => {
+                            // Boxed before its first poll, so the task gets
+                            // it where it was pinned.
+                            let mut run = Box::pin(run);
+                            let mut cx = Context::from_waker(Waker::noop());
+                            if run.as_mut().poll(&mut cx).is_pending() {
+                                // The task polls it again at once, and that
+                                // poll registers the task's waker wherever
+                                // the first one waits.
+                                tokio::spawn(run);
+                            }
+                        }
+                    }
                 }
             }
             Some(d) => {
