@@ -6,6 +6,7 @@
 //! This root only declares modules and re-exports.
 
 mod background;
+pub mod baseline;
 mod follower;
 mod handle;
 mod health;

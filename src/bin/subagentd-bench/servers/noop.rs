@@ -1,153 +1,13 @@
-//! The baseline: a tonic server of `subagents.v1.AgentService` whose Spawn
-//! does nothing but return a prebuilt response.
-//!
-//! It answers "what does gRPC itself cost here": the same tonic version,
-//! runtime flavour, HTTP/2 settings, request decoding and a response of the
-//! same shape and size as subagentd's answer to a background Spawn. What
-//! subagentd costs beyond it is the price of scheduling.
+//! The baseline process: `subagentd-bench noop-server`, the library's
+//! no-op AgentService ([`subagentd::server::baseline`]) until a signal.
 
-use std::{net::SocketAddr, pin::Pin, time::Duration};
-
-use futures_util::Stream;
-use subagentd::pb::{
-    self,
-    agent_service_server::{AgentService, AgentServiceServer},
-};
-use tonic::{transport::Server, Request, Response, Status};
-
-/// Same HTTP/2 keepalive settings as subagentd's server, so the only
-/// difference is what the handler does.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// AgentService with a no-op Spawn; every other method is UNIMPLEMENTED.
-#[derive(Debug, Clone)]
-pub struct NoopAgentService {
-    response: pb::SpawnResponse,
-}
-
-impl NoopAgentService {
-    /// A service answering every Spawn with [`typical_spawn_response`].
-    pub fn new() -> Self {
-        Self {
-            response: typical_spawn_response(),
-        }
-    }
-}
-
-/// What subagentd answers to the bench's background Spawn (agent
-/// `simulated`, model `bench/m`, prompt `hi`): a RUNNING root agent with a
-/// UUID, timestamps, empty usage and its bucket. Same fields set, same
-/// encoded size.
-pub fn typical_spawn_response() -> pb::SpawnResponse {
-    let id = uuid::Uuid::new_v4().to_string();
-    let now = prost_types::Timestamp::from(std::time::SystemTime::now());
-    pb::SpawnResponse {
-        agent: Some(pb::Agent {
-            id: id.clone(),
-            agent: "simulated".to_owned(),
-            model: "bench/m".to_owned(),
-            root_id: id,
-            depth: 1,
-            status: pb::AgentStatus::Running as i32,
-            created_at: Some(now),
-            started_at: Some(now),
-            usage: Some(pb::Usage::default()),
-            background: true,
-            bucket: "bench/m".to_owned(),
-            ..Default::default()
-        }),
-    }
-}
-
-fn unimplemented() -> Status {
-    Status::unimplemented("the no-op baseline server implements only Spawn")
-}
-
-type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchAgentsResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AgentService for NoopAgentService {
-    async fn spawn(
-        &self,
-        _request: Request<pb::SpawnRequest>,
-    ) -> Result<Response<pb::SpawnResponse>, Status> {
-        Ok(Response::new(self.response.clone()))
-    }
-
-    async fn status(
-        &self,
-        _request: Request<pb::StatusRequest>,
-    ) -> Result<Response<pb::StatusResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn r#await(
-        &self,
-        _request: Request<pb::AwaitRequest>,
-    ) -> Result<Response<pb::AwaitResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn cancel(
-        &self,
-        _request: Request<pb::CancelRequest>,
-    ) -> Result<Response<pb::CancelResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn steer(
-        &self,
-        _request: Request<pb::SteerRequest>,
-    ) -> Result<Response<pb::SteerResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn approve(
-        &self,
-        _request: Request<pb::ApproveRequest>,
-    ) -> Result<Response<pb::ApproveResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn get_transcript(
-        &self,
-        _request: Request<pb::GetTranscriptRequest>,
-    ) -> Result<Response<pb::GetTranscriptResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    async fn get_server_info(
-        &self,
-        _request: Request<pb::GetServerInfoRequest>,
-    ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
-        Err(unimplemented())
-    }
-
-    type WatchAgentsStream = WatchStream;
-
-    async fn watch_agents(
-        &self,
-        _request: Request<pb::WatchAgentsRequest>,
-    ) -> Result<Response<Self::WatchAgentsStream>, Status> {
-        Err(unimplemented())
-    }
-}
+use std::net::SocketAddr;
 
 /// `subagentd-bench noop-server --listen ADDR`: serves until SIGTERM or
 /// SIGINT, then exits 0 (the parent treats any other exit as a failure).
 pub async fn serve(listen: SocketAddr) -> anyhow::Result<()> {
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<AgentServiceServer<NoopAgentService>>()
-        .await;
-    Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .add_service(health_service)
-        .add_service(AgentServiceServer::new(NoopAgentService::new()))
-        .serve_with_shutdown(listen, shutdown_signal())
-        .await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    subagentd::server::baseline::serve_noop(listener, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -171,18 +31,4 @@ async fn shutdown_signal() {
 #[cfg(not(unix))]
 async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use prost::Message;
-
-    #[test]
-    fn baseline_response_has_the_size_of_a_background_spawn_answer() {
-        // id (36) + root_id (36) + names + two timestamps + flags: well over
-        // 100 bytes, as subagentd's answer.
-        let len = typical_spawn_response().encoded_len();
-        assert!((120..200).contains(&len), "{len}");
-    }
 }
