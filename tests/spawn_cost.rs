@@ -171,27 +171,37 @@ async fn spawns(clients: &[AgentServiceClient<Channel>], n: usize) {
     }
 }
 
+/// Cost per operation.
+#[derive(Debug, Clone, Copy)]
+struct PerCall {
+    allocations: f64,
+    bytes: f64,
+}
+
 /// Cost per operation: (cost of 3N − cost of N) ÷ 2N, where `phase(n)`
 /// performs n operations and returns once the server is idle again.
 fn per_operation<F: Future<Output = ()>>(
     rt: &Runtime,
     mut phase: impl FnMut(usize) -> F,
-) -> (f64, f64) {
+) -> PerCall {
     let mut measure = |n: usize| {
         let before = counted();
         rt.block_on(phase(n));
         let after = counted();
-        (
+        [
             after.allocations - before.allocations,
             after.bytes - before.bytes,
-        )
+        ]
     };
     // Warm up: buffers, maps and pools reach their working size.
     measure(N);
-    let (a1, b1) = measure(N);
-    let (a3, b3) = measure(3 * N);
-    let per = |small: u64, large: u64| (large as f64 - small as f64) / (2 * N) as f64;
-    (per(a1, a3), per(b1, b3))
+    let small = measure(N);
+    let large = measure(3 * N);
+    let per = |i: usize| (large[i] as f64 - small[i] as f64) / (2 * N) as f64;
+    PerCall {
+        allocations: per(0),
+        bytes: per(1),
+    }
 }
 
 fn subagentd_config() -> Config {
@@ -236,16 +246,16 @@ fn a_background_spawn_allocates_within_its_budget() {
         .unwrap();
     let noop_addr = listener.local_addr().unwrap();
     let (stop_noop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let noop = noop_rt.spawn(server::baseline::serve_noop(listener, async {
+    let serving = noop_rt.spawn(server::baseline::serve_noop(listener, async {
         let _ = stopped.await;
     }));
     let noop_clients = client_rt.block_on(clients(noop_addr));
-    let (noop_allocations, noop_bytes) = per_operation(&client_rt, |n| spawns(&noop_clients, n));
+    let noop = per_operation(&client_rt, |n| spawns(&noop_clients, n));
     // Awaited on the client's runtime, which must run for its connections
     // to close (the server drains them before it stops).
     drop(noop_clients);
     let _ = stop_noop.send(());
-    client_rt.block_on(noop).unwrap().unwrap();
+    client_rt.block_on(serving).unwrap().unwrap();
     drop(noop_rt);
 
     // subagentd.
@@ -254,7 +264,7 @@ fn a_background_spawn_allocates_within_its_budget() {
         .block_on(server::start(subagentd_config(), ConfigSource::default()))
         .expect("server starts");
     let spawn_clients = client_rt.block_on(clients(handle.addr()));
-    let (spawn_allocations, spawn_bytes) = per_operation(&client_rt, |n| {
+    let spawn = per_operation(&client_rt, |n| {
         let (clients, handle) = (&spawn_clients, &handle);
         async move {
             spawns(clients, n).await;
@@ -272,28 +282,34 @@ fn a_background_spawn_allocates_within_its_budget() {
         .unwrap()
         .unwrap();
 
+    let (own_allocations, own_bytes) = (
+        spawn.allocations - noop.allocations,
+        spawn.bytes - noop.bytes,
+    );
     println!(
-        "per background Spawn: {spawn_allocations:.1} allocations, {spawn_bytes:.0} bytes \
-         ({:.1} and {:.0} beyond the no-op call); per no-op call: {noop_allocations:.1} \
-         allocations, {noop_bytes:.0} bytes; ratio {:.2} (allocations)",
-        spawn_allocations - noop_allocations,
-        spawn_bytes - noop_bytes,
-        spawn_allocations / noop_allocations
+        "per background Spawn: {:.1} allocations, {:.0} bytes ({own_allocations:.1} and \
+         {own_bytes:.0} beyond the no-op call); per no-op call: {:.1} allocations, \
+         {:.0} bytes; ratio {:.2} (allocations)",
+        spawn.allocations,
+        spawn.bytes,
+        noop.allocations,
+        noop.bytes,
+        spawn.allocations / noop.allocations
     );
     let failures: Vec<String> = [
         check(
             "allocations per background Spawn beyond the no-op call",
-            spawn_allocations - noop_allocations,
+            own_allocations,
             SPAWN_OWN_ALLOCATIONS,
         ),
         check(
             "bytes allocated per background Spawn beyond the no-op call",
-            spawn_bytes - noop_bytes,
+            own_bytes,
             SPAWN_OWN_BYTES,
         ),
         check(
             "allocations per no-op call",
-            noop_allocations,
+            noop.allocations,
             NOOP_ALLOCATIONS,
         ),
     ]

@@ -3,13 +3,26 @@
 //! services (health, reflection, AgentService, WorkerService), served on
 //! the bound listener with or without TLS.
 
-use std::sync::Arc;
+use std::{
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 
-use tokio::{net::TcpListener, task::JoinHandle};
+use futures_util::StreamExt as _;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpListener,
+    task::JoinHandle,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::{
     service::interceptor::InterceptedService,
-    transport::{server::TcpIncoming, Server},
+    transport::{
+        server::{Connected, TcpIncoming},
+        Server,
+    },
 };
 
 use crate::{
@@ -105,16 +118,23 @@ pub(super) fn serve<H: tonic_health::pb::health_server::Health>(
             gate,
         ));
     Ok(match &tls {
-        Some(acceptor) => tokio::spawn(router.serve_with_incoming_shutdown(
-            crate::tls::incoming(listener, acceptor.clone(), shutdown.clone()),
-            shutdown.cancelled_owned(),
-        )),
-        None => tokio::spawn(router.serve_with_incoming_shutdown(
-            // Without TCP_NODELAY small responses wait for the peer's
-            // delayed ACK (Nagle): ~40 ms per call at low concurrency.
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled_owned(),
-        )),
+        Some(acceptor) => tokio::spawn(
+            router.serve_with_incoming_shutdown(
+                crate::tls::incoming(listener, acceptor.clone(), shutdown.clone())
+                    .map(|conn| conn.map(CopiedWrites)),
+                shutdown.cancelled_owned(),
+            ),
+        ),
+        None => tokio::spawn(
+            router.serve_with_incoming_shutdown(
+                // Without TCP_NODELAY small responses wait for the peer's
+                // delayed ACK (Nagle): ~40 ms per call at low concurrency.
+                TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map(|conn| conn.map(CopiedWrites)),
+                shutdown.cancelled_owned(),
+            ),
+        ),
     })
 }
 
@@ -150,4 +170,57 @@ fn reflection() -> anyhow::Result<(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     Ok((v1, v1alpha))
+}
+
+/// A connection that tells h2 it takes no vectored writes, so h2 copies
+/// small DATA frames into its write buffer.
+///
+/// Why: h2 copies a DATA frame's payload into that buffer only below a
+/// threshold (256 bytes with vectored I/O, 1 KiB without); a larger one is
+/// kept aside and must be written before any frame after it. A background
+/// Spawn's answer has been ~280 bytes since it lists its attempts, so every
+/// answer went out in two writes, its trailers alone in the second, and no
+/// two answers shared one (BENCHMARKS.md, issue 36). Copying up to 1 KiB
+/// costs far less than a write. Larger frames are still written from
+/// their own buffer, in a write of their own.
+struct CopiedWrites<T>(T);
+
+impl<T: Connected> Connected for CopiedWrites<T> {
+    type ConnectInfo = T::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.connect_info()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for CopiedWrites<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for CopiedWrites<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
 }
