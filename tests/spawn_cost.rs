@@ -271,7 +271,16 @@ fn a_background_spawn_allocates_within_its_budget() {
             // Until every run has ended, read in-process (this thread is not
             // counted): a watcher or an Await would cost the server
             // allocations per agent.
-            while handle.scheduler().inspect(|core| core.live_background()) > 0 {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let live = handle.scheduler().inspect(|core| core.live_background());
+                if live == 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{live} runs still live a minute after their Spawns were answered"
+                );
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }

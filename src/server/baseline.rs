@@ -13,8 +13,10 @@ use std::{future::Future, pin::Pin, time::Duration};
 
 use futures_util::Stream;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::{transport::Server, Request, Response, Status};
+use tonic::{
+    transport::{server::TcpIncoming, Server},
+    Request, Response, Status,
+};
 
 use crate::pb::{
     self,
@@ -161,7 +163,12 @@ pub async fn serve_noop(
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(health_service)
         .add_service(AgentServiceServer::new(NoopAgentService::new()))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        // TCP_NODELAY as subagentd's listener (and tonic's own `serve`):
+        // without it small answers wait for the peer's delayed ACK.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
 }
 

@@ -15,8 +15,9 @@ mod workers;
 use std::{
     collections::HashMap,
     future::Future,
+    panic::AssertUnwindSafe,
     sync::Arc,
-    task::{Context, Waker},
+    task::{Context, Poll, Waker},
     time::SystemTime,
 };
 
@@ -151,11 +152,21 @@ impl Scheduler {
                             // it where it was pinned.
                             let mut run = Box::pin(run);
                             let mut cx = Context::from_waker(Waker::noop());
-                            if run.as_mut().poll(&mut cx).is_pending() {
+                            // A panic outside the runner's own guard ends
+                            // the run here as it would end its task, not
+                            // the Spawn that admitted it.
+                            let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                                run.as_mut().poll(&mut cx)
+                            }));
+                            match polled {
                                 // The task polls it again at once, and that
                                 // poll registers the task's waker wherever
                                 // the first one waits.
-                                tokio::spawn(run);
+                                Ok(Poll::Pending) => {
+                                    tokio::spawn(run);
+                                }
+                                Ok(Poll::Ready(())) => {}
+                                Err(_) => tracing::error!("a run's first poll panicked"),
                             }
                         }
                     }
