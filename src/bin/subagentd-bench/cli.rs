@@ -102,6 +102,15 @@ pub enum Command {
     /// `command` type with and without a workspace against one subagentd
     /// (runs one at a time, alternating).
     Workspace(WorkspaceArgs),
+    /// A long run of background Spawns at a steady rate against each store
+    /// (a fresh subagentd each, records kept --finished-retention and
+    /// conversations --conversation-retention): per tenth of the run the
+    /// Spawns/s reached, server CPU per Spawn, p50/p99 latency and server
+    /// RSS; at the end, once the agents have finished, the server's metrics
+    /// must show nothing live and as many agents finished as spawned.
+    ///
+    /// Exit status 1 on any error answer or when the counts do not settle.
+    Soak(SoakArgs),
     /// Internal: the no-op baseline server `run` starts as a child process.
     #[command(hide = true)]
     NoopServer(NoopServerArgs),
@@ -205,6 +214,43 @@ pub struct MemoryArgs {
     #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
     pub connections: usize,
     /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of `subagentd-bench soak`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SoakArgs {
+    /// Background Spawns per store.
+    #[arg(long, default_value = "1000000", value_parser = parse_positive, value_name = "N")]
+    pub agents: usize,
+    /// Spawns offered per second (0: each caller sends its next Spawn as
+    /// soon as the previous one is answered).
+    #[arg(long, default_value = "5000", value_name = "N")]
+    pub rate: u64,
+    /// Stores to soak, one fresh server each: `memory`, `embedded`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memory,embedded",
+        value_name = "NAME,…"
+    )]
+    pub stores: Vec<String>,
+    /// Concurrent Spawn callers (the most in flight at once).
+    #[arg(long, default_value = "64", value_parser = parse_positive, value_name = "N")]
+    pub concurrency: usize,
+    /// HTTP/2 connections the callers are spread over.
+    #[arg(long, default_value = "4", value_parser = parse_positive, value_name = "N")]
+    pub connections: usize,
+    /// The server's `[runs] finished_retention`.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub finished_retention: Duration,
+    /// The server's `[conversations] retention`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub conversation_retention: Duration,
+    /// Print one JSON document on stdout instead of the tables.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -221,6 +221,11 @@ impl OutcomeCounts {
         }
     }
 
+    /// Answers that were OK with the expected body.
+    pub fn ok(&self) -> u64 {
+        self.counts[0]
+    }
+
     /// Every answer that was not OK with the expected body, by name.
     pub fn errors(&self) -> BTreeMap<String, u64> {
         self.counts

@@ -11,6 +11,8 @@
 //!   baseline, and a verdict on the targets this tool can check.
 //! - `memory`: RSS per retained finished agent.
 //! - `workspace`: what a git worktree costs a run.
+//! - `soak`: a million background Spawns at a steady rate: CPU, latency and
+//!   RSS per tenth, and no slot left held.
 //!
 //! Module map: [`cli`] (flags and the scenario names), [`servers`] (child
 //! processes and the no-op server), [`load`] (the closed-loop driver,
@@ -20,7 +22,7 @@
 //! from `/proc`).
 //!
 //! Imports point one way, so no two modules import each other, directly or
-//! through others: main → `scenarios`, `memory`, `workspace` (the subcommands) → `report`
+//! through others: main → `scenarios`, `memory`, `workspace`, `soak` (the subcommands) → `report`
 //! → `load` → `servers` → `procfs`, where a module may skip layers downward
 //! (`scenarios` uses `servers` too), and `cli` is the leaf under all of them:
 //! plain flag types and the [`cli::Scenario`] names, importing no other
@@ -34,6 +36,7 @@ mod procfs;
 mod report;
 mod scenarios;
 mod servers;
+mod soak;
 mod workspace;
 
 use std::process::ExitCode;
@@ -55,6 +58,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => scenarios::run(args).await,
         Command::Memory(args) => memory::run(args).await,
         Command::Workspace(args) => workspace::run(args).await,
+        Command::Soak(args) => soak::run(args).await,
         Command::NoopServer(args) => servers::noop::serve(args.listen)
             .await
             .map(|()| ExitCode::SUCCESS),

@@ -283,11 +283,17 @@ impl ServerProcess {
 
     /// The store's commit counters now, from subagentd's metrics endpoint.
     pub async fn commit_counts(&self) -> anyhow::Result<CommitCounts> {
+        let body = self.scrape().await?;
+        parse_commit_counts(&body).context("in the answer of its metrics endpoint")
+    }
+
+    /// subagentd's metrics now (the Prometheus text exposition).
+    pub async fn scrape(&self) -> anyhow::Result<String> {
         let addr = self
             .metrics_addr
             .with_context(|| format!("the {} has no metrics endpoint", self.label))?;
         let url = format!("http://{addr}/metrics");
-        let body = async {
+        async {
             reqwest::Client::new()
                 .get(&url)
                 .timeout(Duration::from_secs(5))
@@ -298,8 +304,7 @@ impl ServerProcess {
                 .await
         }
         .await
-        .with_context(|| format!("cannot scrape {url}"))?;
-        parse_commit_counts(&body).with_context(|| format!("in the answer of {url}"))
+        .with_context(|| format!("cannot scrape {url}"))
     }
 
     /// The URL of the PostgreSQL database it created, for a standby of it.
