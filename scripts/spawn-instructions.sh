@@ -10,6 +10,10 @@
 # Default N: 1000.
 #
 # BIN: the subagentd binary (default target/release/subagentd).
+# STORE: subagentd's `[store] backend` (default memory; embedded puts its
+#     data directory in a temporary folder).
+# KEEP: a folder to copy the callgrind profiles into (default: none), for
+#     callgrind_annotate.
 # BENCH: the subagentd-bench binary (default target/release/subagentd-bench).
 # PY: a Python with grpcio and the `subagentd` wheel installed (its
 #     `subagents.v1` stubs), e.g. the venv `.ci/python-client.sh` leaves at
@@ -75,7 +79,8 @@ total_instructions() {
   local port out
   port="$(free_port)"
   out="$DIR/callgrind.$port"
-  SUBAGENTD_STORE__BACKEND=memory SUBAGENTD_TELEMETRY__METRICS_LISTEN=127.0.0.1:0 \
+  SUBAGENTD_STORE__BACKEND="${STORE:-memory}" SUBAGENTD_STORE__PATH="$DIR/data.$port" \
+    SUBAGENTD_TELEMETRY__METRICS_LISTEN=127.0.0.1:0 \
     SUBAGENTD_HTTP__LISTEN= SUBAGENTD_SERVER__SHUTDOWN_GRACE=0s RUST_LOG=warn \
     valgrind --tool=callgrind --callgrind-out-file="$out" "$@" --listen "127.0.0.1:$port" \
     >"$out.log" 2>&1 &
@@ -88,6 +93,7 @@ total_instructions() {
   kill -TERM "$VPID"
   wait "$VPID" || true
   VPID=0
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$out" "$KEEP/"; fi
   sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out.log"
 }
 

@@ -12,9 +12,16 @@
 //! [`Conversations`] owns them all and knows no scheduler internals: the
 //! core tells it about spawns, steers, tool calls and ends, and asks it
 //! whether an agent may be continued. It is also the durable form: the
-//! store writes a [`Conversation`] whole each time it changes.
+//! store writes a conversation's [`row`] whole each time it changes.
+//!
+//! A conversation whose latest turn ended (nearly all of them, kept for a
+//! day by default) is held as that row and decoded only when it is read
+//! or continued: see [`row`] for what that saves.
+
+pub mod row;
 
 use std::{
+    borrow::Cow,
     collections::BTreeSet,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -227,10 +234,25 @@ pub struct History {
     pub session: Option<Arc<str>>,
 }
 
+/// A retained conversation.
+#[derive(Debug)]
+enum Held {
+    /// Its latest turn is live: values, changed in place.
+    Open(Box<Conversation>),
+    /// Its latest turn ended: its [`row`], decoded when read.
+    Ended(Box<[u8]>),
+}
+
 /// Every retained conversation. See the module docs.
 #[derive(Debug, Default)]
 pub struct Conversations {
-    by_id: HashMap<ConversationId, Box<Conversation>>,
+    by_id: HashMap<ConversationId, Held>,
+    /// Ended conversations with turns in `placed`, which their removal
+    /// must find (most have none, and are removed without decoding).
+    ended_with_placed: HashSet<ConversationId>,
+    /// Where rows are encoded before each is copied into an allocation of
+    /// its own size.
+    scratch: Vec<u8>,
     /// Agents whose own turn is not turn 1 of the conversation named by
     /// their id: continuations and forks. Most agents never continue and
     /// are found by their id alone.
@@ -297,16 +319,28 @@ impl Conversations {
         if let Some(place) = self.placed.get(&agent) {
             return Some(*place);
         }
-        let c = self.by_id.get(&agent)?;
-        (c.turns.first()?.agent_id == agent && !c.turns[0].copied).then_some(Place {
+        // A conversation not found through `placed` is named by its own
+        // first turn's agent: the one conversation whose first turn is not
+        // its namesake's is a fork's, and a fork is in `placed`.
+        let first = match self.by_id.get(&agent)? {
+            Held::Open(c) => c
+                .turns
+                .first()
+                .is_some_and(|t| t.agent_id == agent && !t.copied),
+            Held::Ended(_) => true,
+        };
+        first.then_some(Place {
             conversation: agent,
             turn: 1,
         })
     }
 
-    /// The conversation `id`, when retained.
-    pub fn get(&self, id: ConversationId) -> Option<&Conversation> {
-        self.by_id.get(&id).map(|c| &**c)
+    /// The conversation `id`, when retained (decoded when it has ended).
+    pub fn get(&self, id: ConversationId) -> Option<Cow<'_, Conversation>> {
+        match self.by_id.get(&id)? {
+            Held::Open(c) => Some(Cow::Borrowed(&**c)),
+            Held::Ended(row) => decoded(id, row).map(Cow::Owned),
+        }
     }
 
     /// The first turn of a new conversation, named by `agent`'s id.
@@ -325,7 +359,7 @@ impl Conversations {
             turns: vec![turn],
             elided: Elided::default(),
         };
-        self.by_id.insert(agent, Box::new(c));
+        self.by_id.insert(agent, Held::Open(Box::new(c)));
         // Not saved now: a live agent's first turn is rebuilt from its own
         // stored record; the conversation is written when the turn ends.
         self.bound(agent, at);
@@ -340,7 +374,7 @@ impl Conversations {
         fork: bool,
     ) -> Result<Continuable, Refusal> {
         let place = self.place(from).ok_or(Refusal::Expired)?;
-        let c = &self.by_id[&place.conversation];
+        let c = self.get(place.conversation).ok_or(Refusal::Expired)?;
         if &*c.tenant != tenant {
             return Err(Refusal::Expired);
         }
@@ -371,13 +405,14 @@ impl Conversations {
         prompt: Arc<str>,
         at: SystemTime,
     ) -> u32 {
-        let c = self
-            .by_id
-            .get_mut(&from.conversation)
-            .expect("checked continuable");
-        if let Some(ended) = c.ended_at() {
+        let ended = self
+            .open(from.conversation)
+            .expect("checked continuable")
+            .ended_at();
+        if let Some(ended) = ended {
             self.expiry.remove(&(ended, from.conversation));
         }
+        let c = self.open(from.conversation).expect("opened above");
         c.turns.push(Turn::new(agent, inherited, prompt, at));
         let turn = c.turns.len() as u32;
         self.placed.insert(
@@ -402,7 +437,7 @@ impl Conversations {
         prompt: Arc<str>,
         at: SystemTime,
     ) -> u32 {
-        let source = &self.by_id[&from.conversation];
+        let source = self.get(from.conversation).expect("checked continuable");
         let mut turns: Vec<Turn> = source.turns[..from.turn as usize].to_vec();
         for t in &mut turns {
             t.copied = true;
@@ -415,7 +450,7 @@ impl Conversations {
             turns,
             elided: source.elided,
         };
-        self.by_id.insert(agent, Box::new(c));
+        self.by_id.insert(agent, Held::Open(Box::new(c)));
         self.placed.insert(
             agent,
             Place {
@@ -454,6 +489,7 @@ impl Conversations {
             turn.session = Some(session);
             self.changed(place.conversation);
         }
+        self.settle(place.conversation);
     }
 
     /// `agent`'s run saved its workspace after its turn ended (it was
@@ -477,6 +513,7 @@ impl Conversations {
             *workspace = Some(saved.clone());
             self.changed(place.conversation);
         }
+        self.settle(place.conversation);
     }
 
     /// `agent`'s turn ended: its result entry, and the conversation's
@@ -503,12 +540,11 @@ impl Conversations {
             text: output,
         });
         turn.ended = Some((at, status));
-        let c = &self.by_id[&place.conversation];
-        if c.turns.len() == place.turn as usize {
-            self.expiry.insert((at, place.conversation));
-        }
+        self.expiry.insert((at, place.conversation));
         self.bound(place.conversation, at);
         self.changed(place.conversation);
+        // A live turn is always the latest: now none is live.
+        self.pack(place.conversation);
     }
 
     /// The history a run of `agent` starts with: the turns before its own.
@@ -518,7 +554,7 @@ impl Conversations {
         if place.turn < 2 {
             return None;
         }
-        let c = &self.by_id[&place.conversation];
+        let c = self.get(place.conversation)?;
         let before = &c.turns[..place.turn as usize - 1];
         Some(History {
             conversation_id: c.id,
@@ -540,11 +576,12 @@ impl Conversations {
         let (c, upto) = match target {
             TranscriptOf::Agent(agent) => {
                 let place = self.place(agent)?;
-                (&*self.by_id[&place.conversation], place.turn as usize)
+                (self.get(place.conversation)?, place.turn as usize)
             }
             TranscriptOf::Conversation(id) => {
-                let c = self.by_id.get(&id)?;
-                (&**c, c.turns.len())
+                let c = self.get(id)?;
+                let turns = c.turns.len();
+                (c, turns)
             }
         };
         if !admits(&c.tenant) {
@@ -562,8 +599,15 @@ impl Conversations {
                 break;
             }
             self.expiry.pop_first();
-            if let Some(c) = self.by_id.remove(&id) {
-                for (agent, _) in c.placed_turns() {
+            if let Some(held) = self.by_id.remove(&id) {
+                let c: Option<Cow<'_, Conversation>> = match held {
+                    Held::Open(c) => Some(Cow::Owned(*c)),
+                    Held::Ended(row) if self.ended_with_placed.remove(&id) => {
+                        decoded(id, &row).map(Cow::Owned)
+                    }
+                    Held::Ended(_) => None,
+                };
+                for (agent, _) in c.iter().flat_map(|c| c.placed_turns()) {
                     self.placed.remove(&agent);
                 }
                 if let Some(u) = self.unsaved.as_mut() {
@@ -576,9 +620,9 @@ impl Conversations {
         n
     }
 
-    /// Conversations changed since the last call (their state now), and
-    /// those retention removed.
-    pub fn take_changes(&mut self) -> (Vec<Conversation>, Vec<ConversationId>) {
+    /// Conversations changed since the last call (each one's [`row`] as
+    /// it is now), and those retention removed.
+    pub fn take_changes(&mut self) -> (Vec<(ConversationId, Vec<u8>)>, Vec<ConversationId>) {
         let Some(u) = self.unsaved.as_mut() else {
             return (Vec::new(), Vec::new());
         };
@@ -586,7 +630,18 @@ impl Conversations {
         let removed = std::mem::take(&mut u.removed);
         let changed = changed
             .into_iter()
-            .filter_map(|id| self.by_id.get(&id).map(|c| (**c).clone()))
+            .filter_map(|id| {
+                let row = match self.by_id.get(&id)? {
+                    // Ended: the bytes it is kept as.
+                    Held::Ended(row) => row.to_vec(),
+                    Held::Open(c) => {
+                        let mut row = Vec::new();
+                        row::encode(c, &mut row);
+                        row
+                    }
+                };
+                Some((id, row))
+            })
             .collect();
         (changed, removed)
     }
@@ -595,10 +650,57 @@ impl Conversations {
     pub fn restore(&mut self, c: Conversation) {
         let id = c.id;
         self.placed.extend(c.placed_turns());
-        if let Some(at) = c.ended_at() {
+        let ended = c.ended_at();
+        self.by_id.insert(id, Held::Open(Box::new(c)));
+        if let Some(at) = ended {
             self.expiry.insert((at, id));
+            self.pack(id);
         }
-        self.by_id.insert(id, Box::new(c));
+    }
+
+    /// Keeps conversation `id` as its row from now on (its latest turn
+    /// ended).
+    fn pack(&mut self, id: ConversationId) {
+        let Some(held) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        let Held::Open(c) = held else {
+            return;
+        };
+        self.scratch.clear();
+        row::encode(c, &mut self.scratch);
+        if c.placed_turns().next().is_some() {
+            self.ended_with_placed.insert(id);
+        }
+        *held = Held::Ended(self.scratch.as_slice().into());
+        // A transcript may have been long: do not keep its buffer.
+        if self.scratch.capacity() > SCRATCH_KEPT {
+            self.scratch = Vec::new();
+        }
+    }
+
+    /// Packs conversation `id` again after a change, if it has ended.
+    fn settle(&mut self, id: ConversationId) {
+        if let Some(Held::Open(c)) = self.by_id.get(&id) {
+            if c.ended_at().is_some() {
+                self.pack(id);
+            }
+        }
+    }
+
+    /// Conversation `id` as values, to change it (decoded when it had
+    /// ended; [`Conversations::pack`] it again once done).
+    fn open(&mut self, id: ConversationId) -> Option<&mut Conversation> {
+        let held = self.by_id.get_mut(&id)?;
+        if let Held::Ended(row) = held {
+            let c = decoded(id, row)?;
+            self.ended_with_placed.remove(&id);
+            *held = Held::Open(Box::new(c));
+        }
+        match held {
+            Held::Open(c) => Some(c),
+            Held::Ended(_) => None,
+        }
     }
 
     /// Marks `id` for the store.
@@ -611,13 +713,18 @@ impl Conversations {
     /// `agent`'s own turn while it has not ended.
     fn live_turn_mut(&mut self, agent: AgentId) -> Option<(Place, &mut Turn)> {
         let place = self.place(agent)?;
-        let turn = self.turn_mut(place)?;
+        // An ended conversation has no live turn.
+        let Held::Open(c) = self.by_id.get_mut(&place.conversation)? else {
+            return None;
+        };
+        let turn = c.turns.get_mut(place.turn as usize - 1)?;
         turn.ended.is_none().then_some((place, turn))
     }
 
+    /// A turn to change: its conversation is opened, and must be packed
+    /// again after when it had ended.
     fn turn_mut(&mut self, place: Place) -> Option<&mut Turn> {
-        self.by_id
-            .get_mut(&place.conversation)?
+        self.open(place.conversation)?
             .turns
             .get_mut(place.turn as usize - 1)
     }
@@ -626,7 +733,7 @@ impl Conversations {
     /// go first; the newest entry is cut short only when it alone is over.
     fn bound(&mut self, id: ConversationId, at: SystemTime) {
         let max = self.max_bytes;
-        let Some(c) = self.by_id.get_mut(&id) else {
+        let Some(Held::Open(c)) = self.by_id.get_mut(&id) else {
             return;
         };
         let mut bytes = c.text_bytes();
@@ -664,6 +771,19 @@ impl Conversations {
         }
         c.elided.at = Some(at);
     }
+}
+
+/// Scratch capacity kept between encodes: a one-turn row is ~100 bytes
+/// plus its text.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
+/// The conversation a row the scheduler encoded itself holds. It always
+/// decodes; if it ever did not, the conversation reads as expired (and the
+/// error is logged) rather than taking the scheduler down.
+fn decoded(id: ConversationId, row: &[u8]) -> Option<Conversation> {
+    row::decode(row)
+        .map_err(|e| tracing::error!(conversation = %id, error = %e, "a kept conversation does not decode"))
+        .ok()
 }
 
 /// One item of a transcript page.
@@ -845,6 +965,62 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_conversation_is_kept_as_its_row_and_reads_and_changes_as_before() {
+        let mut c = Conversations::new(DEFAULT_RETENTION, DEFAULT_MAX_TRANSCRIPT_BYTES);
+        c.track_changes();
+        let a = Uuid::now_v7();
+        c.begin(a, "t".into(), inherited(), "first".into(), t(0));
+        c.record(a, EntryKind::ToolCall, "shell".into(), t(1));
+        assert!(matches!(c.by_id[&a], Held::Open(_)));
+        c.end(a, AgentStatus::Done, None, None, "one".into(), t(2));
+        let Held::Ended(row) = &c.by_id[&a] else {
+            panic!("an ended conversation is kept as its row");
+        };
+        assert!(row.len() < 160, "{} bytes", row.len());
+        let before = c.get(a).unwrap().into_owned();
+        assert_eq!(before.turns[0].entries.len(), 3);
+        // An entry for an ended turn is not recorded, and nothing opens.
+        c.record(a, EntryKind::Steer, "late".into(), t(3));
+        assert!(matches!(c.by_id[&a], Held::Ended(_)));
+        // A workspace saved after the end changes the row, which the store
+        // gets and which stays packed.
+        let (changed, _) = c.take_changes();
+        assert_eq!(changed.len(), 1);
+        let saved = Arc::new(Workspace {
+            branch: "subagentd/a".into(),
+            kept: true,
+            base_commit: "b".repeat(40),
+            head_commit: "h".repeat(40),
+            files_changed: 1,
+            insertions: 1,
+            deletions: 0,
+        });
+        c.set_workspace(a, &saved);
+        assert!(matches!(c.by_id[&a], Held::Ended(_)));
+        let after = c.get(a).unwrap().into_owned();
+        assert!(matches!(
+            &after.turns[0].entries[2].kind,
+            EntryKind::Result { workspace: Some(w), .. } if **w == *saved
+        ));
+        let (changed, _) = c.take_changes();
+        assert_eq!(changed.len(), 1);
+        assert_eq!(row::decode(&changed[0].1).unwrap(), after);
+        // Continuing opens it; ending the continuation packs it again,
+        // and both agents are found until it expires.
+        let from = c.continuable("t", a, false).unwrap().from;
+        let b = Uuid::now_v7();
+        c.continue_with(from, b, inherited(), "second".into(), t(4));
+        assert!(matches!(c.by_id[&a], Held::Open(_)));
+        c.end(b, AgentStatus::Done, None, None, "two".into(), t(5));
+        assert!(matches!(c.by_id[&a], Held::Ended(_)));
+        assert!(c.ended_with_placed.contains(&a));
+        assert_eq!(c.history(b).unwrap().entries.len(), 3);
+        assert_eq!(c.sweep(t(5) + DEFAULT_RETENTION), 1);
+        assert!(c.place(a).is_none() && c.place(b).is_none());
+        assert!(c.placed.is_empty() && c.ended_with_placed.is_empty());
+    }
+
+    #[test]
     fn retention_counts_from_the_end_of_the_latest_turn() {
         let mut c = Conversations::new(Duration::from_secs(100), DEFAULT_MAX_TRANSCRIPT_BYTES);
         let a = ended_conversation(&mut c, 0);
@@ -899,7 +1075,9 @@ mod tests {
         assert_eq!(changed.len(), 1);
         assert!(removed.is_empty());
         let mut back = Conversations::new(Duration::from_secs(10), DEFAULT_MAX_TRANSCRIPT_BYTES);
-        back.restore(changed.into_iter().next().unwrap());
+        let (id, bytes) = changed.into_iter().next().unwrap();
+        assert_eq!(id, a);
+        back.restore(row::decode(&bytes).unwrap());
         assert_eq!(
             back.place(b),
             Some(Place {

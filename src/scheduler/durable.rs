@@ -76,9 +76,10 @@ pub struct ChangeSet {
     pub events: Vec<Arc<Event>>,
     /// The log's counters after the change.
     pub position: LogPosition,
-    /// Conversations whose transcript changed: each whole, as it is now
-    /// (one entry per conversation).
-    pub conversations: Vec<Conversation>,
+    /// Conversations whose transcript changed: each one's row
+    /// ([`super::conversation::row`]), whole, as it is now (one entry per
+    /// conversation).
+    pub conversations: Vec<(ConversationId, Vec<u8>)>,
     /// Conversations retention removed.
     pub conversations_removed: Vec<ConversationId>,
 }

@@ -139,6 +139,7 @@ pub(crate) mod tests {
     use uuid::Uuid;
 
     use super::*;
+    use crate::scheduler::conversation::{row, ConversationId};
     use crate::{
         scheduler::{
             conversation::{Conversation, Conversations, EntryKind, Inherited},
@@ -190,7 +191,15 @@ pub(crate) mod tests {
             "partial".into(),
             at,
         );
-        all.take_changes().0.remove(0)
+        let (_, row) = all.take_changes().0.remove(0);
+        row::decode(&row).unwrap()
+    }
+
+    /// What a change set carries for `c`.
+    fn changed(c: &Conversation) -> (ConversationId, Vec<u8>) {
+        let mut bytes = Vec::new();
+        row::encode(c, &mut bytes);
+        (c.id, bytes)
     }
 
     fn conversation_changed(n: u128) -> Conversation {
@@ -226,7 +235,7 @@ pub(crate) mod tests {
                         evicted_through: 0,
                         next_admission: 3,
                     },
-                    conversations: vec![conversation(1), conversation(2)],
+                    conversations: vec![changed(&conversation(1)), changed(&conversation(2))],
                     conversations_removed: vec![],
                 },
             );
@@ -257,7 +266,7 @@ pub(crate) mod tests {
                     removed: vec![b.view.id],
                     events: vec![event(3, &c), event(4, &a2), event(5, &c)],
                     position,
-                    conversations: vec![conversation_changed(2)],
+                    conversations: vec![changed(&conversation_changed(2))],
                     conversations_removed: vec![conversation(1).id],
                 },
             );

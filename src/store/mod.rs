@@ -109,6 +109,12 @@ pub enum StoreError {
     Engine(String),
 }
 
+impl From<crate::scheduler::conversation::row::Corrupt> for StoreError {
+    fn from(e: crate::scheduler::conversation::row::Corrupt) -> Self {
+        StoreError::Corrupt(e.0)
+    }
+}
+
 /// The encoded form of one or more change sets: what one commit writes.
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -144,8 +150,8 @@ impl Batch {
             latest(&mut self.agents, &mut self.index, *id, None);
         }
         let (list, index) = (&mut self.conversations, &mut self.conversation_index);
-        for c in &changes.conversations {
-            latest(list, index, c.id, Some(rows::encode_conversation(c)));
+        for (id, row) in &changes.conversations {
+            latest(list, index, *id, Some(row.clone()));
         }
         for id in &changes.conversations_removed {
             latest(list, index, *id, None);

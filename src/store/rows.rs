@@ -1,5 +1,8 @@
-//! The stored form of durable state, and the only conversion between it and
-//! the domain types of [`crate::scheduler::durable`].
+//! The stored form of durable state, and the conversion between it and the
+//! domain types of [`crate::scheduler::durable`]. Conversation rows are the
+//! exception: the scheduler keeps ended conversations in their row form, so
+//! their encoding lives with it ([`crate::scheduler::conversation::row`]),
+//! with the row pieces both share.
 //!
 //! Rows are protobuf messages (prost derives, no .proto file: they are
 //! private to the store). Protobuf gives what a row format needs across
@@ -7,24 +10,24 @@
 //! and an older server skips fields it does not know. Both engines store
 //! the same encoded bytes, so the conversion is written once.
 
-use std::{
-    collections::BTreeMap,
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use prost::Message;
-use uuid::Uuid;
 
 use crate::{
     config::RunnerKind,
     scheduler::{
-        conversation::{Conversation, Elided, Entry, EntryKind, Inherited, Turn},
+        conversation::{
+            row::{
+                self, error_of, error_row, nanos, status_code, status_of, time_of, uuid_of,
+                workspace_of, workspace_row, ErrorRow, WorkspaceRow,
+            },
+            Conversation,
+        },
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentError, AgentStatus, AgentView, Approval, ApprovalOutcome, Attempt, Attempts,
-        Continuation, Usage, Workspace,
+        AgentView, Approval, ApprovalOutcome, Attempt, Attempts, Continuation, Usage,
     },
 };
 
@@ -108,25 +111,6 @@ pub(super) struct ViewRow {
     workspace: Option<WorkspaceRow>,
 }
 
-/// What a run left in its workspace (`Workspace`).
-#[derive(Clone, PartialEq, Message)]
-struct WorkspaceRow {
-    #[prost(string, tag = "1")]
-    branch: String,
-    #[prost(bool, tag = "2")]
-    kept: bool,
-    #[prost(string, tag = "3")]
-    base_commit: String,
-    #[prost(string, tag = "4")]
-    head_commit: String,
-    #[prost(uint32, tag = "5")]
-    files_changed: u32,
-    #[prost(uint32, tag = "6")]
-    insertions: u32,
-    #[prost(uint32, tag = "7")]
-    deletions: u32,
-}
-
 /// An ended attempt (`Attempt`).
 #[derive(Clone, PartialEq, Message)]
 struct AttemptRow {
@@ -138,14 +122,6 @@ struct AttemptRow {
     started_at: Option<i64>,
     #[prost(int64, tag = "4")]
     ended_at: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct ErrorRow {
-    #[prost(string, tag = "1")]
-    code: String,
-    #[prost(string, tag = "2")]
-    message: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -226,218 +202,9 @@ pub(super) struct EventRow {
     view: Option<ViewRow>,
 }
 
-/// One row of the `conversations` table (keyed by its id). Since schema 4.
-#[derive(Clone, PartialEq, Message)]
-pub(super) struct ConversationRow {
-    #[prost(bytes = "vec", tag = "1")]
-    id: Vec<u8>,
-    #[prost(string, tag = "2")]
-    tenant: String,
-    #[prost(message, repeated, tag = "3")]
-    turns: Vec<TurnRow>,
-    #[prost(uint64, tag = "4")]
-    elided_entries: u64,
-    #[prost(uint64, tag = "5")]
-    elided_bytes: u64,
-    #[prost(int64, optional, tag = "6")]
-    elided_at: Option<i64>,
-}
-
-/// One turn of a conversation.
-#[derive(Clone, PartialEq, Message)]
-struct TurnRow {
-    #[prost(bytes = "vec", tag = "1")]
-    agent_id: Vec<u8>,
-    #[prost(bool, tag = "2")]
-    copied: bool,
-    #[prost(string, tag = "3")]
-    agent: String,
-    #[prost(string, tag = "4")]
-    model: String,
-    #[prost(bytes = "vec", optional, tag = "5")]
-    parent_id: Option<Vec<u8>>,
-    #[prost(string, optional, tag = "6")]
-    lead_id: Option<String>,
-    #[prost(btree_map = "string, string", tag = "7")]
-    labels: BTreeMap<String, String>,
-    #[prost(string, optional, tag = "8")]
-    session: Option<String>,
-    /// Set once the turn ended, with `ended_status` (a [`status_code`]).
-    #[prost(int64, optional, tag = "9")]
-    ended_at: Option<i64>,
-    #[prost(uint32, tag = "10")]
-    ended_status: u32,
-    #[prost(message, repeated, tag = "11")]
-    entries: Vec<EntryRow>,
-}
-
-/// One transcript entry.
-#[derive(Clone, PartialEq, Message)]
-struct EntryRow {
-    /// An [`entry_code`].
-    #[prost(uint32, tag = "1")]
-    kind: u32,
-    #[prost(int64, tag = "2")]
-    at: i64,
-    #[prost(string, tag = "3")]
-    text: String,
-    /// A result's [`status_code`]; 0 for other kinds.
-    #[prost(uint32, tag = "4")]
-    status: u32,
-    /// A result's error.
-    #[prost(message, optional, tag = "5")]
-    error: Option<ErrorRow>,
-    /// A result's workspace (absent in older rows).
-    #[prost(message, optional, tag = "6")]
-    workspace: Option<WorkspaceRow>,
-}
-
-/// Encodes a conversation as its `conversations` row.
-pub(super) fn encode_conversation(c: &Conversation) -> Vec<u8> {
-    ConversationRow {
-        id: c.id.as_bytes().to_vec(),
-        tenant: c.tenant.to_string(),
-        turns: c.turns.iter().map(turn_row).collect(),
-        elided_entries: c.elided.entries,
-        elided_bytes: c.elided.bytes,
-        elided_at: c.elided.at.map(nanos),
-    }
-    .encode_to_vec()
-}
-
 /// Decodes a `conversations` row.
 pub(super) fn decode_conversation(bytes: &[u8]) -> Result<Conversation, StoreError> {
-    let row = ConversationRow::decode(bytes).map_err(|e| corrupt("conversation row", e))?;
-    if row.turns.is_empty() {
-        // Every conversation has a turn (`Conversation::latest` relies on it).
-        return Err(corrupt("conversation row", "no turns"));
-    }
-    Ok(Conversation {
-        id: uuid_of(&row.id)?,
-        tenant: row.tenant.into(),
-        turns: row
-            .turns
-            .into_iter()
-            .map(turn_of)
-            .collect::<Result<_, _>>()?,
-        elided: Elided {
-            entries: row.elided_entries,
-            bytes: row.elided_bytes,
-            at: row.elided_at.map(time_of),
-        },
-    })
-}
-
-fn turn_row(t: &Turn) -> TurnRow {
-    TurnRow {
-        agent_id: t.agent_id.as_bytes().to_vec(),
-        copied: t.copied,
-        agent: t.inherited.agent.to_string(),
-        model: t.inherited.model.to_string(),
-        parent_id: t.inherited.parent_id.map(|p| p.as_bytes().to_vec()),
-        lead_id: t.inherited.lead_id.as_deref().map(str::to_owned),
-        labels: (*t.inherited.labels).clone(),
-        session: t.session.as_deref().map(str::to_owned),
-        ended_at: t.ended.map(|(at, _)| nanos(at)),
-        ended_status: t.ended.map_or(0, |(_, status)| status_code(status)),
-        entries: t.entries.iter().map(entry_row).collect(),
-    }
-}
-
-fn turn_of(r: TurnRow) -> Result<Turn, StoreError> {
-    Ok(Turn {
-        agent_id: uuid_of(&r.agent_id)?,
-        copied: r.copied,
-        inherited: Inherited {
-            agent: r.agent.into(),
-            model: r.model.into(),
-            parent_id: r.parent_id.as_deref().map(uuid_of).transpose()?,
-            lead_id: r.lead_id.map(Arc::from),
-            labels: Arc::new(r.labels),
-        },
-        session: r.session.map(Arc::from),
-        ended: r
-            .ended_at
-            .map(|at| Ok::<_, StoreError>((time_of(at), status_of(r.ended_status)?)))
-            .transpose()?,
-        entries: r
-            .entries
-            .into_iter()
-            .map(entry_of)
-            .collect::<Result<_, _>>()?,
-    })
-}
-
-fn entry_row(e: &Entry) -> EntryRow {
-    let (status, error, workspace) = match &e.kind {
-        EntryKind::Result {
-            status,
-            error,
-            workspace,
-        } => (
-            status_code(*status),
-            error.as_ref().map(|e| ErrorRow {
-                code: e.code.to_string(),
-                message: e.message.to_string(),
-            }),
-            workspace.as_deref().map(workspace_row),
-        ),
-        _ => (0, None, None),
-    };
-    EntryRow {
-        kind: entry_code(&e.kind),
-        at: nanos(e.at),
-        text: e.text.to_string(),
-        status,
-        error,
-        workspace,
-    }
-}
-
-fn entry_of(r: EntryRow) -> Result<Entry, StoreError> {
-    let kind = match r.kind {
-        1 => EntryKind::Prompt,
-        2 => EntryKind::Steer,
-        3 => EntryKind::ToolCall,
-        4 => EntryKind::Result {
-            status: status_of(r.status)?,
-            error: r.error.map(|e| AgentError {
-                code: e.code.into(),
-                message: e.message.into(),
-            }),
-            workspace: r.workspace.map(workspace_of),
-        },
-        other => return Err(corrupt("entry kind", format!("unknown code {other}"))),
-    };
-    Ok(Entry {
-        kind,
-        at: time_of(r.at),
-        text: r.text.into(),
-    })
-}
-
-fn workspace_row(w: &Workspace) -> WorkspaceRow {
-    WorkspaceRow {
-        branch: w.branch.clone(),
-        kept: w.kept,
-        base_commit: w.base_commit.clone(),
-        head_commit: w.head_commit.clone(),
-        files_changed: w.files_changed,
-        insertions: w.insertions,
-        deletions: w.deletions,
-    }
-}
-
-fn workspace_of(w: WorkspaceRow) -> Arc<Workspace> {
-    Arc::new(Workspace {
-        branch: w.branch,
-        kept: w.kept,
-        base_commit: w.base_commit,
-        head_commit: w.head_commit,
-        files_changed: w.files_changed,
-        insertions: w.insertions,
-        deletions: w.deletions,
-    })
+    Ok(row::decode(bytes)?)
 }
 
 /// Encodes an agent's state as its `agents` row.
@@ -597,20 +364,6 @@ fn view_row(v: &AgentView) -> ViewRow {
     }
 }
 
-fn error_row(e: &AgentError) -> ErrorRow {
-    ErrorRow {
-        code: e.code.to_string(),
-        message: e.message.to_string(),
-    }
-}
-
-fn error_of(e: ErrorRow) -> AgentError {
-    AgentError {
-        code: e.code.into(),
-        message: e.message.into(),
-    }
-}
-
 fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
     let trace = <[u8; 16]>::try_from(r.trace_id.as_slice())
         .ok()
@@ -706,55 +459,8 @@ fn usage_of(u: Option<UsageRow>) -> Usage {
     }
 }
 
-fn uuid_of(bytes: &[u8]) -> Result<Uuid, StoreError> {
-    Uuid::from_slice(bytes).map_err(|e| corrupt("id", e))
-}
-
-/// Nanoseconds since the Unix epoch (negative before it, saturating).
-fn nanos(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
-    }
-}
-
-fn time_of(nanos: i64) -> SystemTime {
-    let magnitude = Duration::from_nanos(nanos.unsigned_abs());
-    if nanos >= 0 {
-        UNIX_EPOCH + magnitude
-    } else {
-        UNIX_EPOCH - magnitude
-    }
-}
-
 fn corrupt(what: &str, why: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{what}: {why}"))
-}
-
-// Stored codes are explicit, not enum discriminants, so reordering a Rust
-// enum can never change what a stored row means.
-
-fn status_code(s: AgentStatus) -> u32 {
-    match s {
-        AgentStatus::Queued => 1,
-        AgentStatus::Running => 2,
-        AgentStatus::AwaitingApproval => 3,
-        AgentStatus::Done => 4,
-        AgentStatus::Failed => 5,
-        AgentStatus::Cancelled => 6,
-    }
-}
-
-fn status_of(code: u32) -> Result<AgentStatus, StoreError> {
-    Ok(match code {
-        1 => AgentStatus::Queued,
-        2 => AgentStatus::Running,
-        3 => AgentStatus::AwaitingApproval,
-        4 => AgentStatus::Done,
-        5 => AgentStatus::Failed,
-        6 => AgentStatus::Cancelled,
-        other => return Err(corrupt("status", format!("unknown code {other}"))),
-    })
 }
 
 fn runner_code(r: RunnerKind) -> u32 {
@@ -774,15 +480,6 @@ fn runner_of(code: u32) -> Result<RunnerKind, StoreError> {
         4 => RunnerKind::Openai,
         other => return Err(corrupt("runner", format!("unknown code {other}"))),
     })
-}
-
-fn entry_code(k: &EntryKind) -> u32 {
-    match k {
-        EntryKind::Prompt => 1,
-        EntryKind::Steer => 2,
-        EntryKind::ToolCall => 3,
-        EntryKind::Result { .. } => 4,
-    }
 }
 
 fn event_code(k: EventKind) -> u32 {
@@ -822,7 +519,12 @@ fn event_kind_of(code: u32) -> Result<EventKind, StoreError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use uuid::Uuid;
+
     use super::*;
+    use crate::scheduler::{AgentError, AgentStatus, Workspace};
 
     /// An agent with every optional field set, so a round trip that drops
     /// one shows.
@@ -924,122 +626,6 @@ pub(crate) mod tests {
             )),
             report_seq: 17,
         }
-    }
-
-    /// A conversation `id` (ended at `t`) with every entry kind, a copied
-    /// turn, an elision, a session and labels.
-    pub(crate) fn full_conversation(id: Uuid, t: SystemTime) -> Conversation {
-        let inherited = |parent| Inherited {
-            agent: "coder".into(),
-            model: "p/m".into(),
-            parent_id: parent,
-            lead_id: Some("lead-1".into()),
-            labels: Arc::new(BTreeMap::from([
-                ("k".to_owned(), "v".to_owned()),
-                ("team".to_owned(), "a".to_owned()),
-            ])),
-        };
-        let entry = |kind, s: u64, text: &str| Entry {
-            kind,
-            at: t - Duration::from_secs(100 - s),
-            text: text.into(),
-        };
-        Conversation {
-            id,
-            tenant: "team-a".into(),
-            turns: vec![
-                Turn {
-                    agent_id: Uuid::now_v7(),
-                    copied: true,
-                    inherited: Inherited {
-                        lead_id: None,
-                        labels: Arc::default(),
-                        ..inherited(None)
-                    },
-                    session: None,
-                    ended: Some((t - Duration::from_secs(50), AgentStatus::Failed)),
-                    entries: vec![
-                        entry(EntryKind::Steer, 2, "steer"),
-                        entry(EntryKind::ToolCall, 3, "shell"),
-                        entry(
-                            EntryKind::Result {
-                                status: AgentStatus::Failed,
-                                error: Some(AgentError::new("RUN_FAILED", "boom")),
-                                workspace: Some(Arc::new(Workspace {
-                                    branch: "subagentd/y".into(),
-                                    kept: true,
-                                    base_commit: "c".repeat(40),
-                                    head_commit: "d".repeat(40),
-                                    files_changed: 1,
-                                    insertions: 2,
-                                    deletions: 3,
-                                })),
-                            },
-                            4,
-                            "partial",
-                        ),
-                    ],
-                },
-                Turn {
-                    agent_id: id,
-                    copied: false,
-                    inherited: inherited(Some(Uuid::now_v7())),
-                    session: Some("session-7".into()),
-                    ended: Some((t, AgentStatus::Done)),
-                    entries: vec![
-                        entry(EntryKind::Prompt, 60, "again"),
-                        entry(
-                            EntryKind::Result {
-                                status: AgentStatus::Done,
-                                error: None,
-                                workspace: None,
-                            },
-                            100,
-                            "done",
-                        ),
-                    ],
-                },
-            ],
-            elided: Elided {
-                entries: 3,
-                bytes: 4100,
-                at: Some(t - Duration::new(60, 5)),
-            },
-        }
-    }
-
-    #[test]
-    fn a_conversation_row_round_trips_every_field() {
-        let t = UNIX_EPOCH + Duration::new(1_790_000_000, 123_456_789);
-        let c = full_conversation(Uuid::now_v7(), t);
-        assert_eq!(decode_conversation(&encode_conversation(&c)).unwrap(), c);
-        // A live turn, an empty tenant, nothing elided.
-        let mut live = c.clone();
-        live.tenant = "".into();
-        live.turns[1].ended = None;
-        live.turns[1].session = None;
-        live.turns[1].entries.truncate(1);
-        live.elided = Elided::default();
-        assert_eq!(
-            decode_conversation(&encode_conversation(&live)).unwrap(),
-            live
-        );
-    }
-
-    #[test]
-    fn a_conversation_row_without_turns_or_with_an_unknown_entry_is_corrupt() {
-        let c = full_conversation(Uuid::now_v7(), UNIX_EPOCH);
-        let mut row = ConversationRow::decode(encode_conversation(&c).as_slice()).unwrap();
-        row.turns[0].entries[0].kind = 99;
-        let err = decode_conversation(&row.encode_to_vec()).unwrap_err();
-        assert!(err.to_string().contains("unknown code 99"), "{err}");
-        row.turns.clear();
-        let err = decode_conversation(&row.encode_to_vec()).unwrap_err();
-        assert!(err.to_string().contains("no turns"), "{err}");
-        assert!(matches!(
-            decode_conversation(b"\xff\xff"),
-            Err(StoreError::Corrupt(_))
-        ));
     }
 
     #[test]

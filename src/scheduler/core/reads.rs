@@ -156,14 +156,15 @@ impl Core {
             .and_then(|c| self.conversations.get(c))
         {
             // A conversation's own turns, in turn order: admission order too.
-            Box::new(
-                c.turns
-                    .iter()
-                    .filter(|t| !t.copied)
-                    .filter_map(|t| self.agents.get(&t.agent_id))
-                    .map(|rec| (rec.seq, &**rec))
-                    .filter(move |(seq, _)| *seq > after),
-            )
+            let own: Vec<(u64, &Record)> = c
+                .turns
+                .iter()
+                .filter(|t| !t.copied)
+                .filter_map(|t| self.agents.get(&t.agent_id))
+                .map(|rec| (rec.seq, &**rec))
+                .filter(|(seq, _)| *seq > after)
+                .collect();
+            Box::new(own.into_iter())
         } else if let Some(parent) = filter.parent_id.and_then(|p| self.agents.get(&p)) {
             Box::new(
                 parent
