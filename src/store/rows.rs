@@ -10,7 +10,11 @@
 //! and an older server skips fields it does not know. Both engines store
 //! the same encoded bytes, so the conversion is written once.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use prost::Message;
 
@@ -19,19 +23,22 @@ use crate::{
     scheduler::{
         conversation::{
             row::{
-                self, error_of, error_row, nanos, status_code, status_of, time_of, uuid_of,
-                workspace_of, workspace_row, ErrorRow, WorkspaceRow,
+                self, error_of, nanos, put_bytes, put_fixed64, put_len, put_message, put_str,
+                put_u64, put_varint, status_code, status_of, time_of, uuid_of, workspace_of,
+                ErrorRow, WorkspaceRow,
             },
             Conversation,
         },
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentView, Approval, ApprovalOutcome, Attempt, Attempts, Continuation, Usage,
+        AgentError, AgentView, Approval, ApprovalOutcome, Attempt, Attempts, Continuation, Usage,
     },
 };
 
 use super::StoreError;
+#[cfg(test)]
+use crate::scheduler::conversation::row::{error_row, workspace_row};
 
 #[derive(Clone, PartialEq, Message)]
 pub(super) struct ViewRow {
@@ -207,8 +214,60 @@ pub(super) fn decode_conversation(bytes: &[u8]) -> Result<Conversation, StoreErr
     Ok(row::decode(bytes)?)
 }
 
-/// Encodes an agent's state as its `agents` row.
+/// Encodes an agent's state as its `agents` row: the bytes the derived
+/// [`AgentRow`] would give, written straight from the state (no owned copy
+/// of every string first; a test holds the two to the same bytes).
 pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(256 + state.view.result.len());
+    put_message(&mut buf, 1, |buf| encode_view(&state.view, buf));
+    put_u64(&mut buf, 2, state.seq);
+    put_u64(&mut buf, 3, u64::from(runner_code(state.runner)));
+    if let Some(prompt) = &state.prompt {
+        put_len(&mut buf, 4, prompt.as_bytes());
+    }
+    put_u64(
+        &mut buf,
+        5,
+        u64::try_from(state.timeout.as_millis()).unwrap_or(u64::MAX),
+    );
+    for steer in &state.steer_buffer {
+        put_len(&mut buf, 6, steer.as_bytes());
+    }
+    if let Some(key) = &state.idempotency_key {
+        put_len(&mut buf, 7, key.as_bytes());
+    }
+    put_fixed64(&mut buf, 8, state.span_id);
+    if state.sampled {
+        put_varint(&mut buf, 9, 1);
+    }
+    if let Some(g) = state.process_group {
+        // int32: a negative value is sign-extended to ten bytes.
+        put_varint(&mut buf, 10, i64::from(g.pgid) as u64);
+    }
+    put_u64(
+        &mut buf,
+        11,
+        state.process_group.map_or(0, |g| g.start_ticks),
+    );
+    if let Some((id, outcome)) = &state.decision {
+        put_message(&mut buf, 12, |buf| {
+            put_bytes(buf, 1, id.as_bytes());
+            if outcome.approved {
+                put_varint(buf, 2, 1);
+            }
+            put_str(buf, 3, &outcome.note);
+        });
+    }
+    put_u64(&mut buf, 13, state.report_seq);
+    if let Some(base) = &state.workspace_base {
+        put_len(&mut buf, 14, base.as_bytes());
+    }
+    buf
+}
+
+/// The derived row [`encode_agent`] writes the bytes of.
+#[cfg(test)]
+fn agent_row(state: &AgentState) -> AgentRow {
     AgentRow {
         view: Some(view_row(&state.view)),
         seq: state.seq,
@@ -229,7 +288,6 @@ pub(super) fn encode_agent(state: &AgentState) -> Vec<u8> {
         }),
         report_seq: state.report_seq,
     }
-    .encode_to_vec()
 }
 
 /// Decodes an `agents` row.
@@ -280,14 +338,138 @@ pub(super) fn agent_seq(bytes: &[u8]) -> Result<u64, StoreError> {
         .map_err(|e| corrupt("agent row", e))
 }
 
-/// Encodes a lifecycle event as its `events` row.
+/// Encodes a lifecycle event as its `events` row (as [`encode_agent`]:
+/// the derived [`EventRow`]'s bytes, written straight from the event).
 pub(super) fn encode_event(event: &Event) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(256 + event.agent.result.len());
+    put_u64(&mut buf, 1, u64::from(event_code(event.kind)));
+    let at = nanos(event.at);
+    if at != 0 {
+        put_varint(&mut buf, 2, at as u64);
+    }
+    put_message(&mut buf, 3, |buf| encode_view(&event.agent, buf));
+    buf
+}
+
+/// The derived row [`encode_event`] writes the bytes of.
+#[cfg(test)]
+fn event_row(event: &Event) -> EventRow {
     EventRow {
         kind: event_code(event.kind),
         at: nanos(event.at),
         view: Some(view_row(&event.agent)),
     }
-    .encode_to_vec()
+}
+
+/// Writes a view's [`ViewRow`] fields.
+fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
+    let time = |buf: &mut Vec<u8>, tag, t: Option<SystemTime>| {
+        if let Some(t) = t {
+            put_varint(buf, tag, nanos(t) as u64);
+        }
+    };
+    let error = |buf: &mut Vec<u8>, tag, e: &AgentError| {
+        put_message(buf, tag, |buf| {
+            put_str(buf, 1, &e.code);
+            put_str(buf, 2, &e.message);
+        });
+    };
+    let usage = |buf: &mut Vec<u8>, tag, u: Usage| {
+        put_message(buf, tag, |buf| {
+            put_u64(buf, 1, u.input_tokens);
+            put_u64(buf, 2, u.output_tokens);
+            put_u64(buf, 3, u.tool_calls);
+        });
+    };
+    put_bytes(buf, 1, v.id.as_bytes());
+    put_str(buf, 2, &v.agent);
+    put_str(buf, 3, &v.model);
+    put_str(buf, 4, &v.description);
+    if let Some(parent) = v.parent_id {
+        put_len(buf, 5, parent.as_bytes());
+    }
+    put_bytes(buf, 6, v.root_id.as_bytes());
+    if let Some(lead) = &v.lead_id {
+        put_len(buf, 7, lead.as_bytes());
+    }
+    put_u64(buf, 8, u64::from(v.depth));
+    put_u64(buf, 9, u64::from(status_code(v.status)));
+    let created = nanos(v.created_at);
+    if created != 0 {
+        put_varint(buf, 10, created as u64);
+    }
+    time(buf, 11, v.started_at);
+    time(buf, 12, v.finished_at);
+    put_str(buf, 13, &v.result);
+    if let Some(e) = &v.error {
+        error(buf, 14, e);
+    }
+    if let Some(a) = &v.approval {
+        put_message(buf, 15, |buf| {
+            put_bytes(buf, 1, a.id.as_bytes());
+            put_str(buf, 2, &a.tool_name);
+            put_str(buf, 3, &a.detail);
+        });
+    }
+    usage(buf, 16, v.usage);
+    usage(buf, 17, v.total_usage);
+    for (k, value) in v.labels.iter() {
+        put_message(buf, 18, |buf| {
+            put_str(buf, 1, k);
+            put_str(buf, 2, value);
+        });
+    }
+    if v.background {
+        put_varint(buf, 19, 1);
+    }
+    if v.detached {
+        put_varint(buf, 20, 1);
+    }
+    put_str(buf, 21, &v.bucket);
+    if let Some(w) = v.worker_id {
+        put_len(buf, 22, w.as_bytes());
+    }
+    put_bytes(buf, 23, &v.trace_id.get().to_be_bytes());
+    put_u64(buf, 24, u64::from(v.attempt));
+    put_str(buf, 25, &v.tenant);
+    if let Some(c) = &v.continuation {
+        put_len(buf, 26, c.conversation_id.as_bytes());
+        put_len(buf, 27, c.continues_id.as_bytes());
+        put_u64(buf, 28, u64::from(c.turn));
+    }
+    for a in v.attempts.iter().flat_map(|a| &a.ended) {
+        put_message(buf, 29, |buf| {
+            put_str(buf, 1, &a.model);
+            error(buf, 2, &a.error);
+            time(buf, 3, a.started_at);
+            let ended = nanos(a.ended_at);
+            if ended != 0 {
+                put_varint(buf, 4, ended as u64);
+            }
+        });
+    }
+    time(
+        buf,
+        30,
+        v.attempts.as_ref().and_then(|a| a.current_started_at),
+    );
+    if v.attempts.is_some() {
+        put_varint(buf, 31, 1);
+    }
+    time(buf, 32, v.collected_at);
+    if let Some(w) = &v.workspace {
+        put_message(buf, 33, |buf| {
+            put_str(buf, 1, &w.branch);
+            if w.kept {
+                put_varint(buf, 2, 1);
+            }
+            put_str(buf, 3, &w.base_commit);
+            put_str(buf, 4, &w.head_commit);
+            put_u64(buf, 5, u64::from(w.files_changed));
+            put_u64(buf, 6, u64::from(w.insertions));
+            put_u64(buf, 7, u64::from(w.deletions));
+        });
+    }
 }
 
 /// Decodes the `events` row of `sequence`.
@@ -302,6 +484,7 @@ pub(super) fn decode_event(sequence: u64, bytes: &[u8]) -> Result<Event, StoreEr
     ))
 }
 
+#[cfg(test)]
 fn view_row(v: &AgentView) -> ViewRow {
     ViewRow {
         id: v.id.as_bytes().to_vec(),
@@ -442,6 +625,7 @@ fn view_of(r: ViewRow) -> Result<AgentView, StoreError> {
     })
 }
 
+#[cfg(test)]
 fn usage_row(u: Usage) -> UsageRow {
     UsageRow {
         input_tokens: u.input_tokens,
@@ -677,6 +861,77 @@ pub(crate) mod tests {
         bare.decision = None;
         bare.report_seq = 0;
         assert_eq!(decode_agent(&encode_agent(&bare)).unwrap(), bare);
+    }
+
+    #[test]
+    fn the_encoders_write_the_bytes_prost_writes_for_the_rows() {
+        let same = |state: &AgentState| {
+            assert_eq!(
+                encode_agent(state),
+                agent_row(state).encode_to_vec(),
+                "agent row of {state:?}"
+            );
+            let event = Event::recovered(
+                5,
+                EventKind::Started,
+                state.view.clone(),
+                state.view.created_at,
+            );
+            assert_eq!(encode_event(&event), event_row(&event).encode_to_vec());
+        };
+        same(&full_state(42));
+        // Every default a plain field leaves out, every empty value an
+        // optional or repeated one keeps, negative numbers, long lengths.
+        let mut sparse = full_state(0);
+        let v = &mut sparse.view;
+        v.tenant = "".into();
+        v.description = "".into();
+        v.result = "r".repeat(20_000).into();
+        v.parent_id = None;
+        v.lead_id = Some("".into());
+        v.depth = 0;
+        v.created_at = UNIX_EPOCH;
+        v.started_at = Some(UNIX_EPOCH - Duration::from_secs(3));
+        v.finished_at = None;
+        v.collected_at = None;
+        v.error = Some(AgentError::new("", ""));
+        v.approval = None;
+        v.usage = Usage::default();
+        v.labels = Arc::new(BTreeMap::from([
+            ("".to_owned(), "v".to_owned()),
+            ("k".to_owned(), "".to_owned()),
+        ]));
+        v.background = false;
+        v.detached = false;
+        v.worker_id = None;
+        v.attempt = 0;
+        v.continuation = None;
+        v.attempts = Some(Arc::new(Attempts {
+            ended: vec![],
+            current_started_at: None,
+        }));
+        v.workspace = None;
+        sparse.prompt = Some("".into());
+        sparse.timeout = Duration::ZERO;
+        sparse.steer_buffer = vec!["".into(), "x".into()];
+        sparse.idempotency_key = None;
+        sparse.span_id = 0;
+        sparse.sampled = false;
+        sparse.process_group = Some(ProcessGroup {
+            pgid: -7,
+            start_ticks: 0,
+        });
+        sparse.decision = Some((
+            Uuid::nil(),
+            ApprovalOutcome {
+                approved: false,
+                note: "".into(),
+            },
+        ));
+        same(&sparse);
+        sparse.view.attempts = None;
+        sparse.process_group = None;
+        same(&sparse);
     }
 
     #[test]

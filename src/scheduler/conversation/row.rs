@@ -218,38 +218,46 @@ fn encode_entry(e: &Entry, buf: &mut Vec<u8>) {
 
 // Proto3 as prost writes it: a plain scalar, string or bytes field is left
 // out at its default; an `optional` one and every message are written when
-// present.
+// present. The store's agent and event rows are written with these too.
 
-fn put_varint(buf: &mut Vec<u8>, tag: u32, value: u64) {
+/// A `fixed64` field (left out at 0).
+pub(crate) fn put_fixed64(buf: &mut Vec<u8>, tag: u32, value: u64) {
+    if value != 0 {
+        encode_key(tag, WireType::SixtyFourBit, buf);
+        buf.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+pub(crate) fn put_varint(buf: &mut Vec<u8>, tag: u32, value: u64) {
     encode_key(tag, WireType::Varint, buf);
     encode_varint(value, buf);
 }
 
-fn put_u64(buf: &mut Vec<u8>, tag: u32, value: u64) {
+pub(crate) fn put_u64(buf: &mut Vec<u8>, tag: u32, value: u64) {
     if value != 0 {
         put_varint(buf, tag, value);
     }
 }
 
-fn put_len(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
+pub(crate) fn put_len(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
     encode_key(tag, WireType::LengthDelimited, buf);
     encode_varint(bytes.len() as u64, buf);
     buf.extend_from_slice(bytes);
 }
 
-fn put_bytes(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
+pub(crate) fn put_bytes(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
     if !bytes.is_empty() {
         put_len(buf, tag, bytes);
     }
 }
 
-fn put_str(buf: &mut Vec<u8>, tag: u32, s: &str) {
+pub(crate) fn put_str(buf: &mut Vec<u8>, tag: u32, s: &str) {
     put_bytes(buf, tag, s.as_bytes());
 }
 
 /// A nested message: its body is written first, then its length is put
 /// in front of it (one small move instead of a pass to size it).
-fn put_message(buf: &mut Vec<u8>, tag: u32, body: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn put_message(buf: &mut Vec<u8>, tag: u32, body: impl FnOnce(&mut Vec<u8>)) {
     encode_key(tag, WireType::LengthDelimited, buf);
     let start = buf.len();
     body(buf);
@@ -330,6 +338,7 @@ fn entry_of(r: EntryRow) -> Result<Entry, Corrupt> {
 }
 
 /// The row of a workspace.
+#[cfg(test)]
 pub(crate) fn workspace_row(w: &Workspace) -> WorkspaceRow {
     WorkspaceRow {
         branch: w.branch.clone(),
@@ -356,6 +365,7 @@ pub(crate) fn workspace_of(w: WorkspaceRow) -> Arc<Workspace> {
 }
 
 /// The row of an error.
+#[cfg(test)]
 pub(crate) fn error_row(e: &AgentError) -> ErrorRow {
     ErrorRow {
         code: e.code.to_string(),
