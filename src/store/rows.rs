@@ -10,11 +10,7 @@
 //! and an older server skips fields it does not know. Both engines store
 //! the same encoded bytes, so the conversion is written once.
 
-use std::{
-    collections::BTreeMap,
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use prost::Message;
 
@@ -23,22 +19,22 @@ use crate::{
     scheduler::{
         conversation::{
             row::{
-                self, error_of, nanos, put_bytes, put_fixed64, put_len, put_message, put_str,
-                put_u64, put_varint, status_code, status_of, time_of, uuid_of, workspace_of,
-                ErrorRow, WorkspaceRow,
+                self, error_of, put_bytes, put_error, put_fixed64, put_labels, put_len,
+                put_message, put_nanos, put_str, put_time, put_u64, put_varint, put_workspace,
+                status_code, status_of, time_of, uuid_of, workspace_of, ErrorRow, WorkspaceRow,
             },
             Conversation,
         },
         durable::{AgentState, ProcessGroup},
         events::{Event, EventKind},
         trace::TraceId,
-        AgentError, AgentView, Approval, ApprovalOutcome, Attempt, Attempts, Continuation, Usage,
+        AgentView, Approval, ApprovalOutcome, Attempt, Attempts, Continuation, Usage,
     },
 };
 
 use super::StoreError;
 #[cfg(test)]
-use crate::scheduler::conversation::row::{error_row, workspace_row};
+use crate::scheduler::conversation::row::{error_row, nanos, workspace_row};
 
 #[derive(Clone, PartialEq, Message)]
 pub(super) struct ViewRow {
@@ -343,10 +339,7 @@ pub(super) fn agent_seq(bytes: &[u8]) -> Result<u64, StoreError> {
 pub(super) fn encode_event(event: &Event) -> Vec<u8> {
     let mut buf = Vec::with_capacity(256 + event.agent.result.len());
     put_u64(&mut buf, 1, u64::from(event_code(event.kind)));
-    let at = nanos(event.at);
-    if at != 0 {
-        put_varint(&mut buf, 2, at as u64);
-    }
+    put_nanos(&mut buf, 2, event.at);
     put_message(&mut buf, 3, |buf| encode_view(&event.agent, buf));
     buf
 }
@@ -363,17 +356,6 @@ fn event_row(event: &Event) -> EventRow {
 
 /// Writes a view's [`ViewRow`] fields.
 fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
-    let time = |buf: &mut Vec<u8>, tag, t: Option<SystemTime>| {
-        if let Some(t) = t {
-            put_varint(buf, tag, nanos(t) as u64);
-        }
-    };
-    let error = |buf: &mut Vec<u8>, tag, e: &AgentError| {
-        put_message(buf, tag, |buf| {
-            put_str(buf, 1, &e.code);
-            put_str(buf, 2, &e.message);
-        });
-    };
     let usage = |buf: &mut Vec<u8>, tag, u: Usage| {
         put_message(buf, tag, |buf| {
             put_u64(buf, 1, u.input_tokens);
@@ -394,15 +376,12 @@ fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
     }
     put_u64(buf, 8, u64::from(v.depth));
     put_u64(buf, 9, u64::from(status_code(v.status)));
-    let created = nanos(v.created_at);
-    if created != 0 {
-        put_varint(buf, 10, created as u64);
-    }
-    time(buf, 11, v.started_at);
-    time(buf, 12, v.finished_at);
+    put_nanos(buf, 10, v.created_at);
+    put_time(buf, 11, v.started_at);
+    put_time(buf, 12, v.finished_at);
     put_str(buf, 13, &v.result);
     if let Some(e) = &v.error {
-        error(buf, 14, e);
+        put_error(buf, 14, e);
     }
     if let Some(a) = &v.approval {
         put_message(buf, 15, |buf| {
@@ -413,12 +392,7 @@ fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
     }
     usage(buf, 16, v.usage);
     usage(buf, 17, v.total_usage);
-    for (k, value) in v.labels.iter() {
-        put_message(buf, 18, |buf| {
-            put_str(buf, 1, k);
-            put_str(buf, 2, value);
-        });
-    }
+    put_labels(buf, 18, &v.labels);
     if v.background {
         put_varint(buf, 19, 1);
     }
@@ -440,15 +414,12 @@ fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
     for a in v.attempts.iter().flat_map(|a| &a.ended) {
         put_message(buf, 29, |buf| {
             put_str(buf, 1, &a.model);
-            error(buf, 2, &a.error);
-            time(buf, 3, a.started_at);
-            let ended = nanos(a.ended_at);
-            if ended != 0 {
-                put_varint(buf, 4, ended as u64);
-            }
+            put_error(buf, 2, &a.error);
+            put_time(buf, 3, a.started_at);
+            put_nanos(buf, 4, a.ended_at);
         });
     }
-    time(
+    put_time(
         buf,
         30,
         v.attempts.as_ref().and_then(|a| a.current_started_at),
@@ -456,19 +427,9 @@ fn encode_view(v: &AgentView, buf: &mut Vec<u8>) {
     if v.attempts.is_some() {
         put_varint(buf, 31, 1);
     }
-    time(buf, 32, v.collected_at);
+    put_time(buf, 32, v.collected_at);
     if let Some(w) = &v.workspace {
-        put_message(buf, 33, |buf| {
-            put_str(buf, 1, &w.branch);
-            if w.kept {
-                put_varint(buf, 2, 1);
-            }
-            put_str(buf, 3, &w.base_commit);
-            put_str(buf, 4, &w.head_commit);
-            put_u64(buf, 5, u64::from(w.files_changed));
-            put_u64(buf, 6, u64::from(w.insertions));
-            put_u64(buf, 7, u64::from(w.deletions));
-        });
+        put_workspace(buf, 33, w);
     }
 }
 

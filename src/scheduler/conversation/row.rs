@@ -144,9 +144,7 @@ pub fn encode(c: &Conversation, buf: &mut Vec<u8>) {
     }
     put_u64(buf, 4, c.elided.entries);
     put_u64(buf, 5, c.elided.bytes);
-    if let Some(at) = c.elided.at {
-        put_varint(buf, 6, nanos(at) as u64);
-    }
+    put_time(buf, 6, c.elided.at);
 }
 
 fn encode_turn(t: &Turn, buf: &mut Vec<u8>) {
@@ -162,17 +160,12 @@ fn encode_turn(t: &Turn, buf: &mut Vec<u8>) {
     if let Some(lead) = &t.inherited.lead_id {
         put_len(buf, 6, lead.as_bytes());
     }
-    for (k, v) in t.inherited.labels.iter() {
-        put_message(buf, 7, |buf| {
-            put_str(buf, 1, k);
-            put_str(buf, 2, v);
-        });
-    }
+    put_labels(buf, 7, &t.inherited.labels);
     if let Some(session) = &t.session {
         put_len(buf, 8, session.as_bytes());
     }
     if let Some((at, status)) = t.ended {
-        put_varint(buf, 9, nanos(at) as u64);
+        put_time(buf, 9, Some(at));
         put_u64(buf, 10, u64::from(status_code(status)));
     }
     for e in &t.entries {
@@ -182,10 +175,7 @@ fn encode_turn(t: &Turn, buf: &mut Vec<u8>) {
 
 fn encode_entry(e: &Entry, buf: &mut Vec<u8>) {
     put_u64(buf, 1, u64::from(entry_code(&e.kind)));
-    let at = nanos(e.at);
-    if at != 0 {
-        put_varint(buf, 2, at as u64);
-    }
+    put_nanos(buf, 2, e.at);
     put_str(buf, 3, &e.text);
     if let EntryKind::Result {
         status,
@@ -195,23 +185,10 @@ fn encode_entry(e: &Entry, buf: &mut Vec<u8>) {
     {
         put_u64(buf, 4, u64::from(status_code(*status)));
         if let Some(error) = error {
-            put_message(buf, 5, |buf| {
-                put_str(buf, 1, &error.code);
-                put_str(buf, 2, &error.message);
-            });
+            put_error(buf, 5, error);
         }
         if let Some(w) = workspace {
-            put_message(buf, 6, |buf| {
-                put_str(buf, 1, &w.branch);
-                if w.kept {
-                    put_varint(buf, 2, 1);
-                }
-                put_str(buf, 3, &w.base_commit);
-                put_str(buf, 4, &w.head_commit);
-                put_u64(buf, 5, u64::from(w.files_changed));
-                put_u64(buf, 6, u64::from(w.insertions));
-                put_u64(buf, 7, u64::from(w.deletions));
-            });
+            put_workspace(buf, 6, w);
         }
     }
 }
@@ -219,6 +196,51 @@ fn encode_entry(e: &Entry, buf: &mut Vec<u8>) {
 // Proto3 as prost writes it: a plain scalar, string or bytes field is left
 // out at its default; an `optional` one and every message are written when
 // present. The store's agent and event rows are written with these too.
+
+/// An `int64` time in nanoseconds (left out at the epoch).
+pub(crate) fn put_nanos(buf: &mut Vec<u8>, tag: u32, t: SystemTime) {
+    put_u64(buf, tag, nanos(t) as u64);
+}
+
+/// An `optional int64` time in nanoseconds (written when present).
+pub(crate) fn put_time(buf: &mut Vec<u8>, tag: u32, t: Option<SystemTime>) {
+    if let Some(t) = t {
+        put_varint(buf, tag, nanos(t) as u64);
+    }
+}
+
+/// An [`ErrorRow`] field.
+pub(crate) fn put_error(buf: &mut Vec<u8>, tag: u32, e: &AgentError) {
+    put_message(buf, tag, |buf| {
+        put_str(buf, 1, &e.code);
+        put_str(buf, 2, &e.message);
+    });
+}
+
+/// A [`WorkspaceRow`] field.
+pub(crate) fn put_workspace(buf: &mut Vec<u8>, tag: u32, w: &Workspace) {
+    put_message(buf, tag, |buf| {
+        put_str(buf, 1, &w.branch);
+        if w.kept {
+            put_varint(buf, 2, 1);
+        }
+        put_str(buf, 3, &w.base_commit);
+        put_str(buf, 4, &w.head_commit);
+        put_u64(buf, 5, u64::from(w.files_changed));
+        put_u64(buf, 6, u64::from(w.insertions));
+        put_u64(buf, 7, u64::from(w.deletions));
+    });
+}
+
+/// A `map<string, string>` field: one entry message per pair.
+pub(crate) fn put_labels(buf: &mut Vec<u8>, tag: u32, labels: &BTreeMap<String, String>) {
+    for (k, v) in labels {
+        put_message(buf, tag, |buf| {
+            put_str(buf, 1, k);
+            put_str(buf, 2, v);
+        });
+    }
+}
 
 /// A `fixed64` field (left out at 0).
 pub(crate) fn put_fixed64(buf: &mut Vec<u8>, tag: u32, value: u64) {
